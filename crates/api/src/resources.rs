@@ -1,0 +1,154 @@
+//! The resource types the control plane serves: names, scope, subresources, and typed decoding.
+
+use k8s_openapi::api::{apps, coordination, core, events, node};
+use serde_json::Value;
+
+/// One served resource, e.g. `pods` in core/v1 or `runtimeclasses` in node.k8s.io/v1.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ResourceType {
+    /// API group; "" for the core group.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    /// Has a `/status` subresource (status is ignored on updates of the main resource).
+    pub has_status: bool,
+    /// Has a `/scale` subresource.
+    pub has_scale: bool,
+    /// Where objects live in the store: `/registry/<storage>/...`. Two views of one resource
+    /// (core/v1 and events.k8s.io/v1 events) share it.
+    pub storage: &'static str,
+}
+
+impl ResourceType {
+    /// `v1` or `apps/v1`, as in `apiVersion`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
+    }
+
+    /// `pods` or `deployments.apps`, as in error messages.
+    pub fn qualified_plural(&self) -> String {
+        if self.group.is_empty() { self.plural.to_string() } else { format!("{}.{}", self.plural, self.group) }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// Decodes `obj` as this kind and encodes it again: what a Go apiserver's decoder would keep.
+    /// Unknown fields are dropped; a field of the wrong type is an error naming it.
+    pub fn roundtrip(&self, obj: &Value) -> Result<Value, String> {
+        fn rt<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Result<Value, String> {
+            let typed: T = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+            serde_json::to_value(typed).map_err(|e| e.to_string())
+        }
+        match (self.group, self.kind) {
+            ("", "Namespace") => rt::<core::v1::Namespace>(obj),
+            ("", "Pod") => rt::<core::v1::Pod>(obj),
+            ("", "Node") => rt::<core::v1::Node>(obj),
+            ("", "ConfigMap") => rt::<core::v1::ConfigMap>(obj),
+            ("", "Secret") => rt::<core::v1::Secret>(obj),
+            ("", "ServiceAccount") => rt::<core::v1::ServiceAccount>(obj),
+            ("", "Event") => rt::<core::v1::Event>(obj),
+            ("events.k8s.io", "Event") => rt::<events::v1::Event>(obj),
+            ("coordination.k8s.io", "Lease") => rt::<coordination::v1::Lease>(obj),
+            ("node.k8s.io", "RuntimeClass") => rt::<node::v1::RuntimeClass>(obj),
+            ("apps", "Deployment") => rt::<apps::v1::Deployment>(obj),
+            ("apps", "ReplicaSet") => rt::<apps::v1::ReplicaSet>(obj),
+            _ => Err(format!("no decoder for {}", self.kind)),
+        }
+    }
+}
+
+macro_rules! rtype {
+    ($group:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, $short:expr, $cat:expr, $status:expr, $scale:expr, $storage:expr) => {
+        ResourceType {
+            group: $group,
+            version: "v1",
+            kind: $kind,
+            plural: $plural,
+            singular: $singular,
+            namespaced: $ns,
+            short_names: $short,
+            categories: $cat,
+            has_status: $status,
+            has_scale: $scale,
+            storage: $storage,
+        }
+    };
+}
+
+pub static NAMESPACES: ResourceType = rtype!("", "Namespace", "namespaces", "namespace", false, &["ns"], &[], true, false, "namespaces");
+pub static PODS: ResourceType = rtype!("", "Pod", "pods", "pod", true, &["po"], &["all"], true, false, "pods");
+pub static NODES: ResourceType = rtype!("", "Node", "nodes", "node", false, &["no"], &[], true, false, "minions");
+pub static CONFIGMAPS: ResourceType = rtype!("", "ConfigMap", "configmaps", "configmap", true, &["cm"], &[], false, false, "configmaps");
+pub static SECRETS: ResourceType = rtype!("", "Secret", "secrets", "secret", true, &[], &[], false, false, "secrets");
+pub static SERVICEACCOUNTS: ResourceType =
+    rtype!("", "ServiceAccount", "serviceaccounts", "serviceaccount", true, &["sa"], &[], false, false, "serviceaccounts");
+pub static EVENTS: ResourceType = rtype!("", "Event", "events", "event", true, &["ev"], &[], false, false, "events");
+pub static EVENTS_V1: ResourceType =
+    rtype!("events.k8s.io", "Event", "events", "event", true, &["ev"], &[], false, false, "events");
+pub static LEASES: ResourceType = rtype!("coordination.k8s.io", "Lease", "leases", "lease", true, &[], &[], false, false, "leases");
+pub static RUNTIMECLASSES: ResourceType =
+    rtype!("node.k8s.io", "RuntimeClass", "runtimeclasses", "runtimeclass", false, &[], &[], false, false, "runtimeclasses");
+pub static DEPLOYMENTS: ResourceType =
+    rtype!("apps", "Deployment", "deployments", "deployment", true, &["deploy"], &["all"], true, true, "deployments");
+pub static REPLICASETS: ResourceType =
+    rtype!("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], &["all"], true, true, "replicasets");
+
+/// Every served resource, in discovery order.
+pub static ALL: &[&ResourceType] = &[
+    &NAMESPACES,
+    &PODS,
+    &NODES,
+    &CONFIGMAPS,
+    &SECRETS,
+    &SERVICEACCOUNTS,
+    &EVENTS,
+    &EVENTS_V1,
+    &LEASES,
+    &RUNTIMECLASSES,
+    &DEPLOYMENTS,
+    &REPLICASETS,
+];
+
+/// The resource served at `group/version` under `plural`.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static ResourceType> {
+    ALL.iter().copied().find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The groups served, with their versions, in discovery order ("" is the core group).
+pub fn groups() -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for r in ALL {
+        if !out.contains(&(r.group, r.version)) {
+            out.push((r.group, r.version));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_are_found_in_the_core_group() {
+        assert_eq!(find("", "v1", "pods"), Some(&PODS));
+        assert_eq!(find("apps", "v1", "pods"), None);
+    }
+
+    #[test]
+    fn roundtrip_drops_unknown_fields_and_rejects_wrong_types() {
+        let rc = serde_json::json!({"apiVersion":"node.k8s.io/v1","kind":"RuntimeClass","metadata":{"name":"a"},"handler":"runc","bogus":1});
+        let out = RUNTIMECLASSES.roundtrip(&rc).unwrap();
+        assert!(out.get("bogus").is_none());
+        assert_eq!(out["handler"], "runc");
+        let bad = serde_json::json!({"metadata":{"name":"a"},"handler":5});
+        assert!(RUNTIMECLASSES.roundtrip(&bad).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Kubernetes-compatible REST API over the berth store: discovery, verbs, watch, admission, authentication.

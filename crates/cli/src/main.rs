@@ -1,0 +1,2 @@
+//! The `berth` binary: one subcommand per part.
+fn main() {}
