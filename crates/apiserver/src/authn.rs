@@ -1,0 +1,1 @@
+//! Bearer-token authentication: the admin token and a Kubernetes token CSV file.

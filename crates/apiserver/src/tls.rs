@@ -1,0 +1,1 @@
+//! The CA, serving certificate and admin kubeconfig the server keeps in its data dir.
