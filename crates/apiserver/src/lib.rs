@@ -1,4 +1,103 @@
 //! Kubernetes-compatible REST API over the berth store: discovery, verbs, watch, admission, authentication.
+//!
+//! [`router`] builds the whole API as one axum `Router` (a tower `Service`), so tests can hand it
+//! straight to a `kube::Client`; [`server::run`] serves it over TLS with bearer-token auth.
 
 pub mod authn;
+pub mod discovery;
+pub mod error;
+pub mod handlers;
+pub mod lifecycle;
+pub mod metrics;
+pub mod objects;
+pub mod openapi;
+pub mod request;
+pub mod server;
 pub mod tls;
+pub mod watch;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use berth_store::Store;
+
+pub use error::{ApiError, ApiResult};
+
+/// Bodies above this size get 413, as Kubernetes' 3 MiB request limit.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// The Kubernetes version this API serves (k8s-openapi's types are 1.33).
+pub const KUBE_MAJOR: &str = "1";
+pub const KUBE_MINOR: &str = "33";
+pub const KUBE_GIT_VERSION: &str = "v1.33.0+berth";
+
+/// Everything a request handler needs.
+pub struct ApiState {
+    pub store: Arc<dyn Store>,
+    /// `None` serves every request as admin: for in-process tests only.
+    pub authenticator: Option<authn::TokenAuthenticator>,
+    pub metrics: metrics::Metrics,
+    /// Wakes the namespace lifecycle loop when a namespace is deleted.
+    pub namespace_deleted: tokio::sync::Notify,
+}
+
+impl ApiState {
+    pub fn new(store: Arc<dyn Store>, authenticator: Option<authn::TokenAuthenticator>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            authenticator,
+            metrics: metrics::Metrics::new(),
+            namespace_deleted: tokio::sync::Notify::new(),
+        })
+    }
+}
+
+/// The whole API as one service.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/version", get(discovery::version))
+        .route("/healthz", get(discovery::healthz))
+        .route("/livez", get(discovery::healthz))
+        .route("/readyz", get(discovery::readyz))
+        .route("/metrics", get(metrics::serve))
+        .route("/api", get(discovery::api_versions))
+        .route("/apis", get(discovery::api_groups))
+        .route("/openapi/v2", get(openapi::v2))
+        .route("/openapi/v3", get(openapi::v3_index))
+        .route("/openapi/v3/{*path}", get(openapi::v3_document))
+        .route("/api/v1", get(discovery::core_resources))
+        .route("/api/v1/{*rest}", any(handlers::core_entry))
+        .route("/apis/{group}", get(discovery::group))
+        .route("/apis/{group}/{version}", get(discovery::group_resources))
+        .route("/apis/{group}/{version}/{*rest}", any(handlers::group_entry))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+}
+
+/// Rejects requests without a valid bearer token (401), except health probes, as Kubernetes'
+/// default anonymous access to `/healthz`, `/livez`, `/readyz` and `/version`.
+async fn authenticate(State(state): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let public = matches!(path, "/healthz" | "/livez" | "/readyz" | "/version");
+    if let Some(auth) = &state.authenticator {
+        let header = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        match auth.authenticate(header) {
+            Some(user) => {
+                req.extensions_mut().insert(user);
+            }
+            None if public => {}
+            None => return ApiError::unauthorized().into_response(),
+        }
+    }
+    next.run(req).await
+}

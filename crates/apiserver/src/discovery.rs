@@ -1,0 +1,162 @@
+//! Discovery and probes: `/version`, `/healthz`, `/readyz`, `/api`, `/apis` and per-group resource lists.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use berth_api::ResourceType;
+use berth_api::resources::{self, ALL};
+use serde_json::{Value, json};
+
+use crate::{ApiError, ApiState};
+
+pub async fn version() -> Json<Value> {
+    Json(json!({
+        "major": crate::KUBE_MAJOR,
+        "minor": crate::KUBE_MINOR,
+        "gitVersion": crate::KUBE_GIT_VERSION,
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "rust",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, go_arch()),
+    }))
+}
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready when the store answers.
+pub async fn readyz(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {
+    state
+        .store
+        .current_revision()
+        .await
+        .map_err(|e| ApiError::unavailable(format!("storage is not ready: {e}")))?;
+    Ok("ok")
+}
+
+pub async fn api_versions() -> Json<Value> {
+    Json(json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+    }))
+}
+
+fn group_json(group: &str, version: &str) -> Value {
+    let gv = format!("{group}/{version}");
+    json!({
+        "name": group,
+        "versions": [{"groupVersion": gv, "version": version}],
+        "preferredVersion": {"groupVersion": gv, "version": version},
+    })
+}
+
+pub async fn api_groups() -> Json<Value> {
+    let groups: Vec<Value> =
+        resources::groups().into_iter().filter(|(g, _)| !g.is_empty()).map(|(g, v)| group_json(g, v)).collect();
+    Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+}
+
+pub async fn group(Path(group): Path<String>) -> Result<Json<Value>, ApiError> {
+    let (g, v) = resources::groups()
+        .into_iter()
+        .find(|(g, _)| !g.is_empty() && *g == group)
+        .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))?;
+    let mut body = group_json(g, v);
+    body["kind"] = json!("APIGroup");
+    body["apiVersion"] = json!("v1");
+    Ok(Json(body))
+}
+
+pub async fn core_resources() -> Json<Value> {
+    Json(resource_list("", "v1"))
+}
+
+pub async fn group_resources(Path((group, version)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
+    if !resources::groups().iter().any(|(g, v)| !g.is_empty() && *g == group && *v == version) {
+        return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
+    }
+    Ok(Json(resource_list(&group, &version)))
+}
+
+const ALL_VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+fn resource_entry(rt: &ResourceType) -> Value {
+    let mut e = json!({
+        "name": rt.plural,
+        "singularName": rt.singular,
+        "namespaced": rt.namespaced,
+        "kind": rt.kind,
+        "verbs": ALL_VERBS,
+    });
+    if !rt.short_names.is_empty() {
+        e["shortNames"] = json!(rt.short_names);
+    }
+    if !rt.categories.is_empty() {
+        e["categories"] = json!(rt.categories);
+    }
+    e
+}
+
+fn sub_entry(rt: &ResourceType, sub: &str, kind: &str, group: Option<(&str, &str)>, verbs: &[&str]) -> Value {
+    let mut e = json!({
+        "name": format!("{}/{sub}", rt.plural),
+        "singularName": "",
+        "namespaced": rt.namespaced,
+        "kind": kind,
+        "verbs": verbs,
+    });
+    if let Some((g, v)) = group {
+        e["group"] = json!(g);
+        e["version"] = json!(v);
+    }
+    e
+}
+
+fn resource_list(group: &str, version: &str) -> Value {
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let mut out = Vec::new();
+    for rt in ALL.iter().filter(|r| r.group == group && r.version == version) {
+        out.push(resource_entry(rt));
+        if rt.has_status {
+            out.push(sub_entry(rt, "status", rt.kind, None, &["get", "patch", "update"]));
+        }
+        if rt.has_scale {
+            out.push(sub_entry(rt, "scale", "Scale", Some(("autoscaling", "v1")), &["get", "patch", "update"]));
+        }
+        if rt.kind == "Pod" {
+            out.push(sub_entry(rt, "binding", "Binding", None, &["create"]));
+        }
+        if rt.kind == "Namespace" {
+            out.push(sub_entry(rt, "finalize", rt.kind, None, &["update"]));
+        }
+    }
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_list_has_pod_subresources_and_short_names() {
+        let list = resource_list("", "v1");
+        let names: Vec<&str> = list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert!(names.contains(&"pods/status") && names.contains(&"pods/binding"));
+        assert!(!names.contains(&"runtimeclasses"));
+        let pods = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods").unwrap();
+        assert_eq!(pods["shortNames"], json!(["po"]));
+    }
+}

@@ -1,0 +1,1050 @@
+//! The REST verbs on every resource: get, list, create, update, patch, delete, deletecollection,
+//! and the `status`, `scale`, `binding` and `finalize` subresources.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use berth_api::resources::{NAMESPACES, PODS, RUNTIMECLASSES};
+use berth_api::selector::{FieldSelector, LabelSelector};
+use berth_api::{FieldError, ResourceType, kinds};
+use berth_store::{ListOptions, StoreError};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::node::v1::RuntimeClass;
+use serde_json::{Value, json};
+
+use crate::objects::{self, meta_mut};
+use crate::request::{self, FieldValidation, Output, Query, Target};
+use crate::{ApiError, ApiResult, ApiState, watch};
+
+/// `/api/v1/...`
+pub async fn core_entry(
+    State(state): State<Arc<ApiState>>,
+    Path(rest): Path<String>,
+    method: Method,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    entry(state, "", "v1", &rest, method, query, headers, body).await
+}
+
+/// `/apis/<group>/<version>/...`
+pub async fn group_entry(
+    State(state): State<Arc<ApiState>>,
+    Path((group, version, rest)): Path<(String, String, String)>,
+    method: Method,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    entry(state, &group, &version, &rest, method, query, headers, body).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn entry(
+    state: Arc<ApiState>,
+    group: &str,
+    version: &str,
+    rest: &str,
+    method: Method,
+    query: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let target = match request::parse_target(group, version, rest) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let q = Query::parse(query.as_deref());
+    let verb = verb_name(&method, &target, &q);
+    let resource = match &target.subresource {
+        Some(s) => format!("{}/{s}", target.rt.plural),
+        None => target.rt.plural.to_string(),
+    };
+    let result = dispatch(&state, &target, method, &q, &headers, body).await;
+    let response = match result {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(verb, resource, code = e.code, message = %e.message, "request failed");
+            e.into_response()
+        }
+    };
+    if verb != "watch" {
+        state.metrics.observe_request(verb, &resource, response.status().as_u16(), started.elapsed());
+    }
+    response
+}
+
+fn verb_name(method: &Method, t: &Target, q: &Query) -> &'static str {
+    match *method {
+        Method::GET if t.name.is_none() && q.flag("watch") => "watch",
+        Method::GET if t.name.is_none() => "list",
+        Method::GET => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if t.name.is_none() => "deletecollection",
+        Method::DELETE => "delete",
+        _ => "other",
+    }
+}
+
+async fn dispatch(
+    state: &Arc<ApiState>,
+    t: &Target,
+    method: Method,
+    q: &Query,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let out = request::output(headers);
+    match (&method, t.name.as_deref(), t.subresource.as_deref()) {
+        (&Method::GET, None, None) if q.flag("watch") => watch::serve(state.clone(), t.clone(), q.clone(), out).await,
+        (&Method::GET, None, None) => list(state, t, q, out).await,
+        (&Method::GET, Some(_), Some("scale")) => get_scale(state, t).await,
+        (&Method::GET, Some(_), _) => get(state, t, out).await,
+        (&Method::POST, None, None) => create(state, t, q, headers, &request::read_body(body).await?).await,
+        (&Method::POST, Some(_), Some("binding")) => bind(state, t, q, headers, &request::read_body(body).await?).await,
+        (&Method::PUT, Some(_), Some("scale")) => {
+            let body = request::decode_body(headers, &request::read_body(body).await?)?;
+            update_scale(state, t, q, ScaleChange::Replace(body)).await
+        }
+        (&Method::PUT, Some(_), sub) => {
+            let bytes = request::read_body(body).await?;
+            update(state, t, q, headers, &bytes, sub).await
+        }
+        (&Method::PATCH, Some(_), Some("scale")) => {
+            let bytes = request::read_body(body).await?;
+            update_scale(state, t, q, ScaleChange::Patch(request::content_type(headers), bytes.to_vec())).await
+        }
+        (&Method::PATCH, Some(_), sub @ (None | Some("status"))) => {
+            let bytes = request::read_body(body).await?;
+            patch(state, t, q, headers, &bytes, sub).await
+        }
+        (&Method::DELETE, Some(_), None) => delete(state, t, q, &request::read_body(body).await?).await,
+        (&Method::DELETE, None, None) => delete_collection(state, t, q, &request::read_body(body).await?).await,
+        _ => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({method} {})",
+            t.rt.plural
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    (code, [(http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn with_warnings(mut r: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let text = format!("299 - {w:?}");
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            r.headers_mut().append("warning", v);
+        }
+    }
+    r
+}
+
+fn render_one(rt: &ResourceType, obj: Value, out: Output) -> Value {
+    match out {
+        Output::Object => obj,
+        Output::Table => {
+            let rv = objects::resource_version(&obj).unwrap_or("").to_string();
+            crate::watch::table(rt, std::slice::from_ref(&obj), &rv, None, true)
+        }
+        Output::PartialMetadata => partial_metadata(&obj),
+    }
+}
+
+pub(crate) fn partial_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": objects::meta(obj),
+    })
+}
+
+pub(crate) async fn load(state: &ApiState, t: &Target, name: &str) -> ApiResult<(Value, i64)> {
+    let key = objects::key(t.rt, t.namespace.as_deref(), name);
+    let started = Instant::now();
+    let kv = state.store.get(&key).await.map_err(|e| ApiError::from_store(e, t.rt, name))?;
+    state.metrics.observe_store("get", started.elapsed());
+    let kv = kv.ok_or_else(|| ApiError::not_found(t.rt, name))?;
+    Ok((objects::decode_kv(t.rt, &kv)?, kv.mod_revision))
+}
+
+async fn get(state: &ApiState, t: &Target, out: Output) -> ApiResult<Response> {
+    let name = t.name.as_deref().unwrap_or_default();
+    let (obj, _) = load(state, t, name).await?;
+    Ok(json_response(StatusCode::OK, &render_one(t.rt, obj, out)))
+}
+
+/// Parsed `labelSelector` and `fieldSelector`, with field names checked against the resource.
+pub(crate) struct Selectors {
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
+}
+
+impl Selectors {
+    pub(crate) fn from_query(rt: &ResourceType, q: &Query) -> ApiResult<Self> {
+        let labels = q
+            .get("labelSelector")
+            .map(LabelSelector::parse)
+            .transpose()
+            .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?;
+        let fields = q
+            .get("fieldSelector")
+            .map(FieldSelector::parse)
+            .transpose()
+            .map_err(|e| ApiError::bad_request(format!("invalid field selector: {e}")))?;
+        if let Some(f) = &fields {
+            let supported = kinds::supported_fields(rt);
+            for field in f.fields() {
+                if !supported.contains(&field) {
+                    return Err(ApiError::bad_request(format!(
+                        "field label not supported: {field}"
+                    )));
+                }
+            }
+        }
+        Ok(Selectors { labels, fields })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.labels.as_ref().is_none_or(LabelSelector::is_empty) && self.fields.as_ref().is_none_or(FieldSelector::is_empty)
+    }
+
+    pub(crate) fn matches(&self, rt: &ResourceType, obj: &Value) -> bool {
+        if let Some(l) = &self.labels {
+            if !l.matches(&objects::labels(obj)) {
+                return false;
+            }
+        }
+        if let Some(f) = &self.fields {
+            if !f.matches(&kinds::field_set(rt, obj)) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    rv: i64,
+    start: String,
+}
+
+fn encode_continue(rv: i64, start: &str) -> String {
+    use base64::Engine;
+    let json = serde_json::to_vec(&ContinueToken { rv, start: start.to_string() }).expect("serializable");
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+}
+
+fn decode_continue(token: &str) -> ApiResult<ContinueToken> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| ApiError::bad_request("continue key is not valid: illegal base64 data"))
+}
+
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response to the next list request.";
+
+/// One page of a list: matching objects, the snapshot revision, and where the next page starts.
+pub(crate) struct Page {
+    pub items: Vec<Value>,
+    pub revision: i64,
+    pub next: Option<String>,
+}
+
+pub(crate) async fn list_objects(state: &ApiState, t: &Target, sel: &Selectors, limit: Option<i64>, cont: Option<&str>) -> ApiResult<Page> {
+    let prefix = objects::prefix(t.rt, t.namespace.as_deref());
+    let (mut revision, mut start) = match cont {
+        Some(c) => {
+            let tok = decode_continue(c)?;
+            if !tok.start.starts_with(&prefix) {
+                return Err(ApiError::bad_request("continue key is not valid: key is not under the requested prefix"));
+            }
+            (Some(tok.rv), Some(tok.start))
+        }
+        None => (None, None),
+    };
+    let limit = limit.filter(|l| *l > 0).map(|l| l as usize);
+    let mut items = Vec::new();
+    let started = Instant::now();
+    loop {
+        let chunk = match limit {
+            Some(l) => Some((l - items.len()).max(if sel.is_empty() { 1 } else { 256 })),
+            None => None,
+        };
+        let opts = ListOptions { revision, start_key: start.clone(), limit: chunk };
+        let res = state.store.list(&prefix, &opts).await.map_err(|e| match e {
+            StoreError::Compacted { .. } if cont.is_some() => ApiError::gone(CONTINUE_EXPIRED),
+            e => ApiError::from_store(e, t.rt, ""),
+        })?;
+        revision = Some(res.revision);
+        let mut stopped_at: Option<String> = None;
+        let n = res.items.len();
+        for (i, kv) in res.items.iter().enumerate() {
+            if limit.is_some_and(|l| items.len() >= l) {
+                stopped_at = Some(kv.key.clone());
+                break;
+            }
+            let obj = objects::decode_kv(t.rt, kv)?;
+            if sel.matches(t.rt, &obj) {
+                items.push(obj);
+            }
+            if i + 1 == n && res.more {
+                stopped_at = Some(format!("{}\0", kv.key));
+            }
+        }
+        state.metrics.observe_store("list", started.elapsed());
+        let rev = res.revision;
+        match stopped_at {
+            // The page is full: the next one starts at the first key not returned.
+            Some(next) if limit.is_some_and(|l| items.len() >= l) => {
+                return Ok(Page { items, revision: rev, next: Some(encode_continue(rev, &next)) });
+            }
+            Some(next) => start = Some(next),
+            None => return Ok(Page { items, revision: rev, next: None }),
+        }
+    }
+}
+
+async fn list(state: &ApiState, t: &Target, q: &Query, out: Output) -> ApiResult<Response> {
+    let sel = Selectors::from_query(t.rt, q)?;
+    let page = list_objects(state, t, &sel, q.int("limit")?, q.get("continue")).await?;
+    let rv = page.revision.to_string();
+    let body = match out {
+        Output::Table => watch::table(t.rt, &page.items, &rv, page.next.as_deref(), q.get("includeObject") != Some("None")),
+        Output::PartialMetadata => {
+            let items: Vec<Value> = page.items.iter().map(partial_metadata).collect();
+            let mut m = json!({"resourceVersion": rv});
+            if let Some(c) = &page.next {
+                m["continue"] = json!(c);
+            }
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": m, "items": items})
+        }
+        Output::Object => {
+            let mut m = json!({"resourceVersion": rv});
+            if let Some(c) = &page.next {
+                m["continue"] = json!(c);
+            }
+            json!({"kind": t.rt.list_kind(), "apiVersion": t.rt.api_version(), "metadata": m, "items": page.items})
+        }
+    };
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding and checking a written object
+
+/// Paths of fields in `input` that decoding as the kind dropped: unknown fields.
+fn unknown_fields(input: &Value, decoded: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, decoded) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match b.get(k) {
+                    None if !v.is_null() => out.push(p),
+                    Some(d) => unknown_fields(v, d, &p, out),
+                    None => {}
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                unknown_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Checks `apiVersion`/`kind` against the endpoint and decodes the body as the kind. Returns the
+/// normalised object and the warnings for unknown fields (an error under `Strict`).
+pub(crate) fn check_object(rt: &ResourceType, mut obj: Value, fv: FieldValidation) -> ApiResult<(Value, Vec<String>)> {
+    let expected = rt.api_version();
+    match obj.get("apiVersion").and_then(Value::as_str) {
+        Some(v) if v != expected => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({expected})"
+            )));
+        }
+        Some(_) => {}
+        None => obj["apiVersion"] = json!(expected),
+    }
+    match obj.get("kind").and_then(Value::as_str) {
+        Some(k) if k != rt.kind => {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {}): kind {k:?} does not match",
+                rt.kind
+            )));
+        }
+        Some(_) => {}
+        None => obj["kind"] = json!(rt.kind),
+    }
+    let handled_as = |why: String| {
+        ApiError::bad_request(format!("{} in version {:?} cannot be handled as a {}: {why}", rt.kind, rt.version, rt.kind))
+    };
+    let decoded = rt.roundtrip(&obj).map_err(handled_as)?;
+    let mut unknown = Vec::new();
+    if fv != FieldValidation::Ignore {
+        unknown_fields(&obj, &decoded, "", &mut unknown);
+    }
+    let warnings: Vec<String> = unknown.iter().map(|p| format!("unknown field {p:?}")).collect();
+    if fv == FieldValidation::Strict && !warnings.is_empty() {
+        return Err(handled_as(format!("strict decoding error: {}", warnings.join(", "))));
+    }
+    Ok((decoded, warnings))
+}
+
+const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+fn generate_name(base: &str) -> String {
+    let id = uuid::Uuid::new_v4();
+    let suffix: String = id.as_bytes().iter().take(5).map(|b| NAME_CHARS[*b as usize % NAME_CHARS.len()] as char).collect();
+    let base = if base.len() > 58 { &base[..58] } else { base };
+    format!("{base}{suffix}")
+}
+
+/// Checks that the namespace exists and is not terminating before content is created in it.
+async fn check_namespace(state: &ApiState, rt: &ResourceType, ns: &str, name: &str) -> ApiResult<()> {
+    let kv = state
+        .store
+        .get(&objects::key(&NAMESPACES, None, ns))
+        .await
+        .map_err(|e| ApiError::from_store(e, &NAMESPACES, ns))?
+        .ok_or_else(|| ApiError::namespace_not_found(ns))?;
+    let nsobj = objects::decode_kv(&NAMESPACES, &kv)?;
+    if objects::is_deleting(&nsobj) {
+        let mut e = ApiError::forbidden(
+            rt,
+            name,
+            &format!("unable to create new content in namespace {ns} because it is being terminated"),
+        );
+        if let Some(d) = e.details.as_mut() {
+            d["causes"] = json!([{"reason": "NamespaceTerminating", "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]);
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// RuntimeClass admission on pod create: the default class, overhead and scheduling merge.
+async fn admit_pod(state: &ApiState, obj: &mut Value) -> ApiResult<()> {
+    let mut pod: Pod = serde_json::from_value(obj.clone()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let classes = || async {
+        let res = state
+            .store
+            .list(&objects::prefix(&RUNTIMECLASSES, None), &ListOptions::default())
+            .await
+            .map_err(|e| ApiError::from_store(e, &RUNTIMECLASSES, ""))?;
+        res.items
+            .iter()
+            .map(|kv| {
+                let v = objects::decode_kv(&RUNTIMECLASSES, kv)?;
+                serde_json::from_value::<RuntimeClass>(v).map_err(|e| ApiError::internal(e.to_string()))
+            })
+            .collect::<ApiResult<Vec<_>>>()
+    };
+    let class = match spec.runtime_class_name.clone().filter(|n| !n.is_empty()) {
+        Some(name) => match state.store.get(&objects::key(&RUNTIMECLASSES, None, &name)).await {
+            Ok(Some(kv)) => Some(
+                serde_json::from_value::<RuntimeClass>(objects::decode_kv(&RUNTIMECLASSES, &kv)?)
+                    .map_err(|e| ApiError::internal(e.to_string()))?,
+            ),
+            Ok(None) => None,
+            Err(e) => return Err(ApiError::from_store(e, &RUNTIMECLASSES, &name)),
+        },
+        None => {
+            let all = classes().await?;
+            match berth_api::admission::default_runtime_class(&all) {
+                Some(default) => {
+                    spec.runtime_class_name = default.metadata.name.clone();
+                    Some(default.clone())
+                }
+                None => None,
+            }
+        }
+    };
+    let name = objects::name(obj).to_string();
+    berth_api::admission::admit_runtime_class(&mut pod, class.as_ref()).map_err(|why| ApiError::forbidden(&PODS, &name, &why))?;
+    *obj = serde_json::to_value(&pod).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> ApiResult<Response> {
+    let fv = FieldValidation::from_query(q)?;
+    let (mut obj, warnings) = check_object(t.rt, request::decode_body(headers, body)?, fv)?;
+    let rt = t.rt;
+    {
+        let m = meta_mut(&mut obj);
+        let given_ns = m.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+        match (&t.namespace, given_ns) {
+            (Some(url_ns), Some(ns)) if *url_ns != ns => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            (Some(url_ns), _) if rt.namespaced => {
+                m.insert("namespace".into(), json!(url_ns));
+            }
+            (None, _) if rt.namespaced => {
+                return Err(ApiError::bad_request(format!(
+                    "the server could not find the requested resource: {} must be created in a namespace",
+                    rt.plural
+                )));
+            }
+            _ => {
+                m.remove("namespace");
+            }
+        }
+        let name = m.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+        let generate = m.get("generateName").and_then(Value::as_str).unwrap_or("").to_string();
+        if name.is_empty() && !generate.is_empty() {
+            m.insert("name".into(), json!(generate_name(&generate)));
+        }
+        m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        m.insert("creationTimestamp".into(), json!(objects::now_rfc3339()));
+        for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+            m.remove(k);
+        }
+    }
+    let name = objects::name(&obj).to_string();
+    if name.is_empty() {
+        let e = FieldError::required("metadata.name", "name or generateName is required");
+        return Err(ApiError::invalid(rt, "", &[e]));
+    }
+    if rt.namespaced {
+        check_namespace(state, rt, t.namespace.as_deref().unwrap_or(""), &name).await?;
+    }
+    kinds::prepare_for_create(rt, &mut obj);
+    if std::ptr::eq(rt, &PODS) {
+        admit_pod(state, &mut obj).await?;
+    }
+    let errors = kinds::validate_create(rt, &obj);
+    if !errors.is_empty() {
+        return Err(ApiError::invalid(rt, &name, &errors));
+    }
+    if q.dry_run() {
+        return Ok(with_warnings(json_response(StatusCode::CREATED, &obj), &warnings));
+    }
+    let key = objects::key(rt, t.namespace.as_deref(), &name);
+    let started = Instant::now();
+    let kv = state.store.create(&key, objects::encode(rt, &obj)).await.map_err(|e| ApiError::from_store(e, rt, &name))?;
+    state.metrics.observe_store("create", started.elapsed());
+    objects::set_resource_version(&mut obj, kv.mod_revision);
+    Ok(with_warnings(json_response(StatusCode::CREATED, &obj), &warnings))
+}
+
+/// What an update may not change in metadata: carried over from the stored object.
+fn keep_system_metadata(new: &mut Value, old: &Value) {
+    let old_meta = objects::meta(old).clone();
+    let m = meta_mut(new);
+    for k in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generateName"] {
+        match old_meta.get(k) {
+            Some(v) => {
+                m.insert(k.into(), v.clone());
+            }
+            None => {
+                m.remove(k);
+            }
+        }
+    }
+}
+
+/// The object is being deleted and nothing holds it any more: it can leave the store.
+fn ready_to_remove(rt: &ResourceType, obj: &Value) -> bool {
+    if !objects::is_deleting(obj) || !objects::finalizers(obj).is_empty() {
+        return false;
+    }
+    if std::ptr::eq(rt, &NAMESPACES) {
+        let spec_finalizers = obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|a| !a.is_empty());
+        return !spec_finalizers;
+    }
+    if std::ptr::eq(rt, &PODS) {
+        // A pod with grace left waits for its node to confirm (a delete with grace 0).
+        let grace = objects::meta(obj).get("deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0);
+        return grace == 0;
+    }
+    true
+}
+
+/// Writes `new` over `old` (revision `rev`) and removes it if it is finished deleting.
+async fn write_update(
+    state: &ApiState,
+    t: &Target,
+    name: &str,
+    mut new: Value,
+    old: &Value,
+    rev: i64,
+    dry_run: bool,
+) -> ApiResult<Value> {
+    let rt = t.rt;
+    if objects::same_content(&new, old) {
+        return Ok(old.clone());
+    }
+    if dry_run {
+        return Ok(new);
+    }
+    let key = objects::key(rt, t.namespace.as_deref(), name);
+    if ready_to_remove(rt, &new) {
+        let started = Instant::now();
+        let deleted = state.store.delete(&key, Some(rev)).await.map_err(|e| ApiError::from_store(e, rt, name))?;
+        state.metrics.observe_store("delete", started.elapsed());
+        objects::set_resource_version(&mut new, deleted.revision);
+        return Ok(new);
+    }
+    let started = Instant::now();
+    let kv = state.store.update(&key, objects::encode(rt, &new), rev).await.map_err(|e| ApiError::from_store(e, rt, name))?;
+    state.metrics.observe_store("update", started.elapsed());
+    objects::set_resource_version(&mut new, kv.mod_revision);
+    Ok(new)
+}
+
+/// Shared by PUT and PATCH: turns the client's `new` into what is written over `old`.
+fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&str>) -> ApiResult<Value> {
+    let name = objects::name(old).to_string();
+    match sub {
+        Some("status") => {
+            // Only status changes through /status.
+            let status = new.get("status").cloned();
+            let rv = objects::resource_version(&new).map(str::to_string);
+            new = old.clone();
+            match status {
+                Some(s) => new["status"] = s,
+                None => {
+                    if let Some(o) = new.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+            if let Some(rv) = rv {
+                meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+            }
+        }
+        Some("finalize") => {
+            let finalizers = new.pointer("/spec/finalizers").cloned();
+            let rv = objects::resource_version(&new).map(str::to_string);
+            new = old.clone();
+            new["spec"]["finalizers"] = finalizers.unwrap_or(json!([]));
+            if let Some(rv) = rv {
+                meta_mut(&mut new).insert("resourceVersion".into(), json!(rv));
+            }
+        }
+        _ => {
+            keep_system_metadata(&mut new, old);
+            if rt.has_status {
+                match old.get("status") {
+                    Some(s) => new["status"] = s.clone(),
+                    None => {
+                        if let Some(o) = new.as_object_mut() {
+                            o.remove("status");
+                        }
+                    }
+                }
+            }
+            kinds::prepare_for_update(rt, &mut new, old);
+            let errors = kinds::validate_update(rt, &new, old);
+            if !errors.is_empty() {
+                return Err(ApiError::invalid(rt, &name, &errors));
+            }
+        }
+    }
+    Ok(new)
+}
+
+fn check_precondition(rt: &ResourceType, name: &str, new: &Value, current_rev: i64) -> ApiResult<()> {
+    if let Some(rv) = objects::resource_version(new) {
+        if rv != current_rev.to_string() {
+            return Err(ApiError::conflict(rt, name));
+        }
+    }
+    Ok(())
+}
+
+async fn update(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8], sub: Option<&str>) -> ApiResult<Response> {
+    let rt = t.rt;
+    let name = t.name.as_deref().unwrap_or_default();
+    let fv = FieldValidation::from_query(q)?;
+    let (new, warnings) = check_object(rt, request::decode_body(headers, body)?, fv)?;
+    let body_name = objects::name(&new);
+    if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
+    }
+    if let (Some(url_ns), Some(ns)) = (&t.namespace, objects::meta_str(&new, "namespace")) {
+        if url_ns != ns {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+    }
+    let (old, rev) = load(state, t, name).await?;
+    check_precondition(rt, name, &new, rev)?;
+    let new = prepare_update(rt, new, &old, sub)?;
+    let written = write_update(state, t, name, new, &old, rev, q.dry_run()).await?;
+    Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings))
+}
+
+pub(crate) fn apply_patch(rt: &ResourceType, content_type: &str, original: &Value, patch: &[u8]) -> ApiResult<Value> {
+    let parse = |b: &[u8]| -> ApiResult<Value> {
+        serde_json::from_slice(b).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+    };
+    match content_type {
+        "application/merge-patch+json" => {
+            let p = parse(patch)?;
+            let mut out = original.clone();
+            json_patch::merge(&mut out, &p);
+            Ok(out)
+        }
+        "application/json-patch+json" => {
+            let p: json_patch::Patch = serde_json::from_slice(patch)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            let mut out = original.clone();
+            json_patch::patch(&mut out, &p).map_err(|e| {
+                ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+            })?;
+            Ok(out)
+        }
+        "application/strategic-merge-patch+json" => {
+            let p = parse(patch)?;
+            berth_api::strategic_merge::apply(rt, original, &p).map_err(ApiError::bad_request)
+        }
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "server-side apply is not supported by this server yet; use client-side apply",
+        )),
+        other => Err(ApiError::unsupported_media_type(other)),
+    }
+}
+
+async fn patch(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8], sub: Option<&str>) -> ApiResult<Response> {
+    let rt = t.rt;
+    let name = t.name.as_deref().unwrap_or_default();
+    let fv = FieldValidation::from_query(q)?;
+    let ct = request::content_type(headers);
+    for _attempt in 0..16 {
+        let (old, rev) = load(state, t, name).await?;
+        let patched = apply_patch(rt, &ct, &old, body)?;
+        let (mut new, warnings) = check_object(rt, patched, fv)?;
+        // A patch that names a resourceVersion is a precondition; otherwise retry on conflict.
+        let explicit_rv = objects::resource_version(&new).is_some_and(|v| v != rev.to_string());
+        if explicit_rv {
+            return Err(ApiError::conflict(rt, name));
+        }
+        if objects::name(&new) != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                objects::name(&new)
+            )));
+        }
+        objects::set_resource_version(&mut new, rev);
+        let new = prepare_update(rt, new, &old, sub)?;
+        match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
+            Ok(written) => return Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings)),
+            Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(rt, name))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subresources
+
+async fn bind(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> ApiResult<Response> {
+    let name = t.name.as_deref().unwrap_or_default();
+    let binding = request::decode_body(headers, body)?;
+    let node = binding.pointer("/target/name").and_then(Value::as_str).unwrap_or("").to_string();
+    if node.is_empty() {
+        return Err(ApiError::invalid(&PODS, name, &[FieldError::required("target.name", "")]));
+    }
+    for _ in 0..16 {
+        let (old, rev) = load(state, t, name).await?;
+        if objects::is_deleting(&old) {
+            return Err(ApiError::conflict_with(&PODS, name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
+        }
+        if let Some(current) = old.pointer("/spec/nodeName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+            return Err(ApiError::conflict_with(&PODS, name, &format!("pod {name} is already assigned to node {current:?}")));
+        }
+        let mut new = old.clone();
+        new["spec"]["nodeName"] = json!(node);
+        let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
+        conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": objects::now_rfc3339()}));
+        new["status"]["conditions"] = json!(conds);
+        match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
+            Ok(_) => {
+                let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+                return Ok(json_response(StatusCode::CREATED, &status));
+            }
+            Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(&PODS, name))
+}
+
+fn scale_of(obj: &Value) -> Value {
+    let m = objects::meta(obj);
+    let selector = obj
+        .pointer("/spec/selector")
+        .and_then(|s| serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(s.clone()).ok())
+        .map(|s| selector_string(&s))
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": m.get("name"), "namespace": m.get("namespace"), "uid": m.get("uid"),
+            "resourceVersion": m.get("resourceVersion"), "creationTimestamp": m.get("creationTimestamp"),
+        },
+        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(1))},
+        "status": {"replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)), "selector": selector},
+    })
+}
+
+/// A `metav1.LabelSelector` in query syntax, as `Scale.status.selector` shows it.
+fn selector_string(sel: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> String {
+    let mut parts: Vec<String> = sel.match_labels.iter().flatten().map(|(k, v)| format!("{k}={v}")).collect();
+    for e in sel.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            _ => format!("!{}", e.key),
+        });
+    }
+    parts.join(",")
+}
+
+async fn get_scale(state: &ApiState, t: &Target) -> ApiResult<Response> {
+    let (obj, _) = load(state, t, t.name.as_deref().unwrap_or_default()).await?;
+    Ok(json_response(StatusCode::OK, &scale_of(&obj)))
+}
+
+enum ScaleChange {
+    Replace(Value),
+    Patch(String, Vec<u8>),
+}
+
+async fn update_scale(state: &ApiState, t: &Target, q: &Query, change: ScaleChange) -> ApiResult<Response> {
+    let rt = t.rt;
+    let name = t.name.as_deref().unwrap_or_default();
+    for _ in 0..16 {
+        let (old, rev) = load(state, t, name).await?;
+        let scale = match &change {
+            ScaleChange::Replace(s) => {
+                check_precondition(rt, name, s, rev)?;
+                s.clone()
+            }
+            ScaleChange::Patch(ct, p) => {
+                let ct = if ct == "application/strategic-merge-patch+json" { "application/merge-patch+json" } else { ct };
+                apply_patch(rt, ct, &scale_of(&old), p)?
+            }
+        };
+        let replicas = scale.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+        if replicas < 0 {
+            return Err(ApiError::invalid(rt, name, &[FieldError::invalid_raw("spec.replicas", replicas.to_string(), "must be greater than or equal to 0")]));
+        }
+        let mut new = old.clone();
+        new["spec"]["replicas"] = json!(replicas);
+        let new = prepare_update(rt, new, &old, None)?;
+        match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
+            Ok(written) => return Ok(json_response(StatusCode::OK, &scale_of(&written))),
+            Err(e) if e.code == 409 && matches!(change, ScaleChange::Patch(..)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(rt, name))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deleting
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    grace_period_seconds: Option<i64>,
+    preconditions: Option<Preconditions>,
+    dry_run: Option<Vec<String>>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Preconditions {
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+fn delete_options(q: &Query, body: &[u8]) -> ApiResult<DeleteOptions> {
+    let mut opts: DeleteOptions = if body.iter().all(u8::is_ascii_whitespace) {
+        DeleteOptions::default()
+    } else {
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    };
+    if let Some(g) = q.int("gracePeriodSeconds")? {
+        opts.grace_period_seconds = Some(g);
+    }
+    if q.dry_run() {
+        opts.dry_run = Some(vec!["All".into()]);
+    }
+    Ok(opts)
+}
+
+fn success_status(rt: &ResourceType, obj: &Value) -> Value {
+    let mut details = json!({"name": objects::name(obj), "kind": rt.plural, "uid": objects::meta(obj).get("uid")});
+    if !rt.group.is_empty() {
+        details["group"] = json!(rt.group);
+    }
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+}
+
+/// Deletes one object as Kubernetes does: namespaces start terminating, bound pods get their
+/// grace period, finalizers keep an object until they are removed. Returns the response body.
+pub(crate) async fn delete_object(state: &ApiState, t: &Target, name: &str, q: &Query, body: &[u8]) -> ApiResult<Value> {
+    let rt = t.rt;
+    let opts = delete_options(q, body)?;
+    let dry_run = opts.dry_run.as_ref().is_some_and(|d| d.iter().any(|x| x == "All"));
+    for _ in 0..16 {
+        let (old, rev) = load(state, t, name).await?;
+        if let Some(p) = &opts.preconditions {
+            let uid = objects::meta_str(&old, "uid").unwrap_or("");
+            if let Some(want) = p.uid.as_deref().filter(|u| *u != uid) {
+                return Err(ApiError::conflict_with(rt, name, &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}")));
+            }
+            if let Some(want) = p.resource_version.as_deref().filter(|r| *r != rev.to_string()) {
+                return Err(ApiError::conflict_with(rt, name, &format!("Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rev}")));
+            }
+        }
+        let mut new = old.clone();
+        let now = jiff::Timestamp::now();
+        let pending = if std::ptr::eq(rt, &NAMESPACES) {
+            if objects::is_deleting(&old) {
+                return Ok(old);
+            }
+            let m = meta_mut(&mut new);
+            m.insert("deletionTimestamp".into(), json!(objects::rfc3339(now)));
+            m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            new["status"]["phase"] = json!("Terminating");
+            true
+        } else {
+            let mut grace = 0;
+            if std::ptr::eq(rt, &PODS) {
+                let bound = old.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+                let finished = matches!(old.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+                let default = old.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(30);
+                grace = opts.grace_period_seconds.unwrap_or(default).max(0);
+                if !bound || finished {
+                    grace = 0;
+                }
+            }
+            let existing = objects::meta(&old).get("deletionGracePeriodSeconds").and_then(Value::as_i64);
+            if objects::is_deleting(&old) && existing.is_some_and(|g| g <= grace) {
+                // Already terminating with no longer grace: nothing to shorten.
+                if !(grace == 0 && ready_after(rt, &old, 0)) {
+                    return Ok(old);
+                }
+            }
+            let m = meta_mut(&mut new);
+            let at = now.checked_add(jiff::SignedDuration::from_secs(grace)).unwrap_or(now);
+            m.insert("deletionTimestamp".into(), json!(objects::rfc3339(at)));
+            m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+            !ready_to_remove(rt, &new)
+        };
+        if dry_run {
+            return Ok(if pending { new } else { success_status(rt, &old) });
+        }
+        let written = if pending {
+            write_update(state, t, name, new, &old, rev, false).await
+        } else {
+            let key = objects::key(rt, t.namespace.as_deref(), name);
+            let started = Instant::now();
+            let r = state.store.delete(&key, Some(rev)).await.map_err(|e| ApiError::from_store(e, rt, name));
+            state.metrics.observe_store("delete", started.elapsed());
+            r.map(|_| success_status(rt, &old))
+        };
+        match written {
+            Ok(v) => {
+                if std::ptr::eq(rt, &NAMESPACES) {
+                    state.namespace_deleted.notify_one();
+                }
+                return Ok(v);
+            }
+            Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::conflict(rt, name))
+}
+
+fn ready_after(rt: &ResourceType, obj: &Value, grace: i64) -> bool {
+    let mut v = obj.clone();
+    meta_mut(&mut v).insert("deletionGracePeriodSeconds".into(), json!(grace));
+    ready_to_remove(rt, &v)
+}
+
+async fn delete(state: &ApiState, t: &Target, q: &Query, body: &[u8]) -> ApiResult<Response> {
+    let name = t.name.as_deref().unwrap_or_default();
+    let out = delete_object(state, t, name, q, body).await?;
+    Ok(json_response(StatusCode::OK, &out))
+}
+
+async fn delete_collection(state: &ApiState, t: &Target, q: &Query, body: &[u8]) -> ApiResult<Response> {
+    let sel = Selectors::from_query(t.rt, q)?;
+    let page = list_objects(state, t, &sel, None, None).await?;
+    let mut deleted = Vec::new();
+    for obj in page.items {
+        let name = objects::name(&obj).to_string();
+        let mut target = t.clone();
+        if t.rt.namespaced {
+            target.namespace = objects::meta_str(&obj, "namespace").map(str::to_string);
+        }
+        match delete_object(state, &target, &name, q, body).await {
+            Ok(_) => deleted.push(obj),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let body = json!({"kind": t.rt.list_kind(), "apiVersion": t.rt.api_version(), "metadata": {"resourceVersion": page.revision.to_string()}, "items": deleted});
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_are_reported_with_their_paths() {
+        let input = json!({"spec": {"containers": [{"name": "a", "bogus": 1}], "extra": true}, "metadata": {"name": "x", "creationTimestamp": null}});
+        let decoded = json!({"spec": {"containers": [{"name": "a"}]}, "metadata": {"name": "x"}});
+        let mut out = Vec::new();
+        unknown_fields(&input, &decoded, "", &mut out);
+        assert_eq!(out, vec!["spec.containers[0].bogus".to_string(), "spec.extra".to_string()]);
+    }
+
+    #[test]
+    fn generated_names_keep_the_prefix_and_add_five_characters() {
+        let n = generate_name("web-");
+        assert!(n.starts_with("web-"));
+        assert_eq!(n.len(), 9);
+    }
+}

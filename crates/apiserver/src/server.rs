@@ -1,0 +1,107 @@
+//! `berth server`: opens the store, prepares TLS and the admin credentials in the data dir, and
+//! serves the API with its housekeeping loops until a shutdown signal.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_store::Store;
+use berth_store::etcd::EtcdStore;
+use berth_store::sqlite::SqliteStore;
+
+use crate::authn::TokenAuthenticator;
+use crate::{ApiState, lifecycle, tls};
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub bind_address: IpAddr,
+    pub secure_port: u16,
+    /// Empty: the embedded SQLite store in the data dir.
+    pub etcd_servers: Vec<String>,
+    pub token_auth_file: Option<PathBuf>,
+    pub extra_sans: Vec<String>,
+    pub compaction_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot prepare data dir {path}")]
+    DataDir { path: PathBuf, #[source] source: std::io::Error },
+    #[error("cannot open the store")]
+    Store(#[source] berth_store::StoreError),
+    #[error("cannot prepare TLS and credentials")]
+    Tls(#[source] tls::TlsError),
+    #[error("cannot load the token file")]
+    Tokens(#[source] crate::authn::AuthnError),
+    #[error("cannot create the system namespaces: {0}")]
+    Bootstrap(String),
+    #[error("cannot serve on {addr}")]
+    Serve { addr: SocketAddr, #[source] source: std::io::Error },
+}
+
+pub async fn open_store(cfg: &ServerConfig) -> Result<Arc<dyn Store>, ServerError> {
+    if cfg.etcd_servers.is_empty() {
+        let path = cfg.data_dir.join("state.db");
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&path))
+            .await
+            .map_err(|e| ServerError::Store(berth_store::StoreError::Internal(Box::new(e))))?
+            .map_err(ServerError::Store)?;
+        Ok(Arc::new(store))
+    } else {
+        Ok(Arc::new(EtcdStore::connect(&cfg.etcd_servers).await.map_err(ServerError::Store)?))
+    }
+}
+
+pub fn prepare_data_dir(cfg: &ServerConfig) -> Result<(), ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |source| ServerError::DataDir { path: cfg.data_dir.clone(), source };
+    std::fs::create_dir_all(&cfg.data_dir).map_err(err)?;
+    std::fs::set_permissions(&cfg.data_dir, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
+    Ok(())
+}
+
+/// Runs until SIGINT or SIGTERM.
+pub async fn run(cfg: ServerConfig) -> Result<(), ServerError> {
+    prepare_data_dir(&cfg)?;
+    let store = open_store(&cfg).await?;
+    let pki = tls::ensure_pki(&cfg.data_dir, cfg.bind_address, &cfg.extra_sans).map_err(ServerError::Tls)?;
+    let token = tls::ensure_admin_token(&cfg.data_dir).map_err(ServerError::Tls)?;
+    let url = tls::server_url(cfg.bind_address, cfg.secure_port);
+    let kubeconfig = cfg.data_dir.join("admin.kubeconfig");
+    tls::write_kubeconfig(&kubeconfig, &url, &pki.ca_pem, "admin", &token).map_err(ServerError::Tls)?;
+    let mut authn = TokenAuthenticator::new(token);
+    if let Some(path) = &cfg.token_auth_file {
+        authn.load_token_file(path).map_err(ServerError::Tokens)?;
+    }
+    let state = ApiState::new(store.clone(), Some(authn));
+    lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
+    tokio::spawn(lifecycle::run_namespace_lifecycle(state.clone()));
+    tokio::spawn(lifecycle::run_compactor(state.clone(), cfg.compaction_interval));
+
+    let rustls = tls::rustls_config(&pki).map_err(ServerError::Tls)?;
+    let addr = SocketAddr::new(cfg.bind_address, cfg.secure_port);
+    let handle = axum_server::Handle::new();
+    let shutdown = handle.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        shutdown.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    tracing::info!(%addr, backend = store.backend(), kubeconfig = %kubeconfig.display(), "serving the Kubernetes API");
+    axum_server::bind_rustls(addr, axum_server::tls_rustls::RustlsConfig::from_config(rustls))
+        .handle(handle)
+        .serve(crate::router(state).into_make_service())
+        .await
+        .map_err(|source| ServerError::Serve { addr, source })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

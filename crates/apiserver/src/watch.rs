@@ -1,0 +1,196 @@
+//! Watch over HTTP: initial state, then every change as a JSON line, with bookmarks, timeouts,
+//! `410 Gone` for compacted revisions, and selectors applied to old and new object states.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use berth_api::ResourceType;
+use berth_api::resources::{EVENTS, EVENTS_V1};
+use berth_store::{EventKind, StoreError};
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::handlers::{Selectors, list_objects, partial_metadata};
+use crate::objects;
+use crate::request::{Output, Query, Target};
+use crate::{ApiError, ApiResult, ApiState};
+
+const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A `meta.k8s.io/v1` Table of `items` as `kubectl get` renders it.
+pub fn table(rt: &ResourceType, items: &[Value], rv: &str, cont: Option<&str>, include_object: bool) -> Value {
+    // Both event views print as core/v1 events.
+    let (print_rt, convert) = if std::ptr::eq(rt, &EVENTS_V1) { (&EVENTS, true) } else { (rt, false) };
+    let now = jiff::Timestamp::now();
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|obj| {
+            let printed = if convert { berth_api::kinds::event_v1_to_core(obj) } else { obj.clone() };
+            let mut row = json!({"cells": berth_api::table::cells(print_rt, &printed, now)});
+            if include_object {
+                row["object"] = partial_metadata(obj);
+            }
+            row
+        })
+        .collect();
+    let mut meta = json!({"resourceVersion": rv});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": meta,
+        "columnDefinitions": berth_api::table::columns(print_rt),
+        "rows": rows,
+    })
+}
+
+fn render(rt: &ResourceType, obj: &Value, out: Output) -> Value {
+    match out {
+        Output::Object => obj.clone(),
+        Output::PartialMetadata => partial_metadata(obj),
+        Output::Table => {
+            let rv = objects::resource_version(obj).unwrap_or("").to_string();
+            table(rt, std::slice::from_ref(obj), &rv, None, true)
+        }
+    }
+}
+
+fn line(kind: &str, object: Value) -> Bytes {
+    let mut s = json!({"type": kind, "object": object}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn expired_line(err: &StoreError) -> Bytes {
+    let msg = match err {
+        StoreError::Compacted { requested, compacted } => format!("too old resource version: {requested} ({compacted})"),
+        other => other.to_string(),
+    };
+    line("ERROR", ApiError::gone(msg).to_status())
+}
+
+/// Counts open watches for `/metrics` while alive.
+struct WatchGuard {
+    state: Arc<ApiState>,
+    resource: &'static str,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.state.metrics.watchers(self.resource, -1);
+    }
+}
+
+pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> ApiResult<Response> {
+    let rt = t.rt;
+    let sel = Selectors::from_query(rt, &q)?;
+    let bookmarks = q.flag("allowWatchBookmarks");
+    let timeout = q.int("timeoutSeconds")?.filter(|s| *s > 0).map(|s| Duration::from_secs(s as u64)).unwrap_or(DEFAULT_TIMEOUT);
+    let prefix = objects::prefix(rt, t.namespace.as_deref());
+
+    // No resourceVersion, or "0": start with the current state as ADDED events.
+    let (initial, start) = match q.get("resourceVersion") {
+        None | Some("0") => {
+            let page = list_objects(&state, &t, &sel, None, None).await?;
+            (page.items, page.revision)
+        }
+        Some(rv) => {
+            let rev = rv
+                .parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
+            (Vec::new(), rev)
+        }
+    };
+    let events = match state.store.watch(&prefix, start).await {
+        Ok(s) => Some(s),
+        Err(e @ StoreError::Compacted { .. }) => {
+            let body = Body::from(expired_line(&e));
+            return Ok(([(http::header::CONTENT_TYPE, "application/json")], body).into_response());
+        }
+        Err(e) => return Err(ApiError::from_store(e, rt, "")),
+    };
+    state.metrics.watchers(rt.plural, 1);
+    let guard = WatchGuard { state: state.clone(), resource: rt.plural };
+
+    let stream = async_stream(rt, sel, out, initial, start, events, bookmarks, timeout, guard);
+    let body = Body::from_stream(stream);
+    Ok(([(http::header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn async_stream(
+    rt: &'static ResourceType,
+    sel: Selectors,
+    out: Output,
+    initial: Vec<Value>,
+    start: i64,
+    events: Option<berth_store::WatchStream>,
+    bookmarks: bool,
+    timeout: Duration,
+    guard: WatchGuard,
+) -> impl futures::Stream<Item = Result<Bytes, Infallible>> + Send {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let _guard = guard;
+        for obj in &initial {
+            if tx.send(line("ADDED", render(rt, obj, out))).await.is_err() {
+                return;
+            }
+        }
+        let Some(mut events) = events else { return };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_rev = start;
+        loop {
+            let next = tokio::time::timeout(BOOKMARK_EVERY, events.next());
+            let item = tokio::select! {
+                r = next => r,
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tx.closed() => return,
+            };
+            let ev = match item {
+                Err(_idle) => {
+                    if bookmarks {
+                        let bm = json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": last_rev.to_string()}});
+                        if tx.send(line("BOOKMARK", bm)).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                Ok(None) => return,
+                Ok(Some(Err(e))) => {
+                    let _ = tx.send(expired_line(&e)).await;
+                    return;
+                }
+                Ok(Some(Ok(ev))) => ev,
+            };
+            last_rev = ev.revision;
+            let decode = |b: &[u8]| objects::decode(rt, b, ev.revision).ok();
+            let new = ev.value.as_deref().and_then(decode);
+            let old = ev.prev_value.as_deref().and_then(decode);
+            let matches = |o: &Option<Value>| o.as_ref().is_some_and(|o| sel.matches(rt, o));
+            let msg = match ev.kind {
+                EventKind::Put => match (matches(&new), matches(&old)) {
+                    (true, true) => Some(("MODIFIED", new)),
+                    (true, false) => Some(("ADDED", new)),
+                    (false, true) => Some(("DELETED", new)),
+                    (false, false) => None,
+                },
+                EventKind::Delete => matches(&old).then_some(("DELETED", old)),
+            };
+            if let Some((kind, Some(obj))) = msg {
+                if tx.send(line(kind, render(rt, &obj, out))).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)
+}

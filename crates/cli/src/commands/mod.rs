@@ -1,0 +1,3 @@
+//! One module per subcommand, each with its arguments and its `run`.
+
+pub mod server;

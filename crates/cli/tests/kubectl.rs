@@ -1,0 +1,185 @@
+//! End-to-end: the real kubectl against the real `berth server`.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Server, stderr, stdout};
+
+const RUNTIME_CLASSES: &str = r#"
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: gvisor
+handler: runsc
+overhead:
+  podFixed:
+    memory: 64Mi
+    cpu: 100m
+scheduling:
+  nodeSelector:
+    sandbox: gvisor
+  tolerations:
+  - key: sandbox
+    operator: Exists
+    effect: NoSchedule
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: native
+handler: runc
+"#;
+
+fn pod(name: &str, extra_spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: web\nspec:\n{extra_spec}  containers:\n  - name: c\n    image: busybox:1.36\n    command: [sleep, '3600']\n"
+    )
+}
+
+#[test]
+fn kubectl_applies_lists_describes_and_deletes_namespaces_pods_and_runtimeclasses() {
+    let s = Server::start();
+    let ns = s.kubectl_ok(&["get", "namespaces"]);
+    for want in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert!(ns.contains(want), "missing namespace {want} in:\n{ns}");
+    }
+    assert!(s.kubectl_ok(&["create", "namespace", "team-a"]).contains("namespace/team-a created"));
+
+    let out = s.apply(RUNTIME_CLASSES);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rc = s.kubectl_ok(&["get", "runtimeclasses"]);
+    assert!(rc.contains("HANDLER") && rc.contains("gvisor") && rc.contains("runsc"), "{rc}");
+
+    let out = s.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], &pod("web", "  runtimeClassName: native\n"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("pod/web created"));
+    // Applying the same manifest again changes nothing.
+    let out = s.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], &pod("web", "  runtimeClassName: native\n"));
+    assert!(stdout(&out).contains("pod/web unchanged"), "{}{}", stdout(&out), stderr(&out));
+    // A changed image is patched in.
+    let changed = pod("web", "  runtimeClassName: native\n").replace("busybox:1.36", "busybox:1.37");
+    let out = s.kubectl_stdin(&["apply", "-n", "team-a", "-f", "-"], &changed);
+    assert!(stdout(&out).contains("pod/web configured"), "{}{}", stdout(&out), stderr(&out));
+    let image = s.kubectl_ok(&["get", "pod", "web", "-n", "team-a", "-o", "jsonpath={.spec.containers[0].image}"]);
+    assert_eq!(image, "busybox:1.37");
+
+    let wide = s.kubectl_ok(&["get", "pods", "-n", "team-a", "-o", "wide"]);
+    for col in ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"] {
+        assert!(wide.contains(col), "missing column {col}:\n{wide}");
+    }
+    assert!(wide.contains("web") && wide.contains("0/1") && wide.contains("Pending"), "{wide}");
+    let both = s.kubectl_ok(&["get", "runtimeclasses,pods", "-A", "-o", "wide"]);
+    assert!(both.contains("runtimeclass.node.k8s.io/gvisor") && both.contains("pod/web"), "{both}");
+
+    let described = s.kubectl_ok(&["describe", "pod", "web", "-n", "team-a"]);
+    assert!(described.contains("Name:") && described.contains("team-a") && described.contains("busybox:1.37"), "{described}");
+    let described = s.kubectl_ok(&["describe", "runtimeclass", "gvisor"]);
+    assert!(described.contains("runsc"), "{described}");
+
+    let labelled = s.kubectl_ok(&["get", "pods", "-n", "team-a", "-l", "app in (web,api)", "-o", "name"]);
+    assert_eq!(labelled.trim(), "pod/web");
+    assert!(s.kubectl_ok(&["get", "pods", "-n", "team-a", "-l", "app!=web", "-o", "name"]).trim().is_empty());
+
+    assert!(s.kubectl_ok(&["delete", "pod", "web", "-n", "team-a"]).contains("pod \"web\" deleted"));
+    let out = s.kubectl(&["get", "pod", "web", "-n", "team-a"]);
+    assert!(stderr(&out).contains("pods \"web\" not found"), "{}", stderr(&out));
+    assert!(s.kubectl_ok(&["delete", "runtimeclass", "native"]).contains("deleted"));
+    assert!(s.kubectl_ok(&["delete", "namespace", "team-a", "--timeout=30s"]).contains("namespace \"team-a\" deleted"));
+    let out = s.kubectl(&["get", "namespace", "team-a"]);
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+}
+
+#[test]
+fn kubectl_get_pods_watch_sees_added_modified_and_deleted() {
+    let s = Server::start();
+    let mut watch = Command::new("kubectl")
+        .env("KUBECONFIG", s.kubeconfig())
+        .args(["get", "pods", "-w", "--output-watch-events", "--request-timeout=0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(s.apply(&pod("w1", "")).status.success());
+    s.kubectl_ok(&["label", "pod", "w1", "tier=front"]);
+    s.kubectl_ok(&["delete", "pod", "w1"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = watch.kill();
+    let mut out = String::new();
+    watch.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    let _ = watch.wait();
+    let events: Vec<&str> = out.lines().filter(|l| l.contains("w1")).map(|l| l.split_whitespace().next().unwrap()).collect();
+    assert_eq!(events.first(), Some(&"ADDED"), "{out}");
+    assert!(events.contains(&"MODIFIED"), "{out}");
+    assert_eq!(events.last(), Some(&"DELETED"), "{out}");
+}
+
+#[test]
+fn runtime_class_admission_messages_reach_kubectl_verbatim() {
+    let s = Server::start();
+    assert!(s.apply(RUNTIME_CLASSES).status.success());
+
+    let out = s.apply(&pod("p1", "  runtimeClassName: missing\n"));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("pod rejected: RuntimeClass \"missing\" not found"), "{}", stderr(&out));
+
+    let out = s.apply(&pod("p2", "  runtimeClassName: gvisor\n  nodeSelector:\n    sandbox: runc\n"));
+    assert!(
+        stderr(&out).contains("conflict: runtimeClass.scheduling.nodeSelector[sandbox] = gvisor; pod.spec.nodeSelector[sandbox] = runc"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = s.apply(&pod("p3", "  runtimeClassName: gvisor\n  overhead:\n    memory: 1Gi\n"));
+    assert!(stderr(&out).contains("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead"), "{}", stderr(&out));
+
+    // An admitted pod carries the class's overhead, node selector and tolerations.
+    let out = s.apply(&pod("p4", "  runtimeClassName: gvisor\n"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = s.kubectl_ok(&["get", "pod", "p4", "-o", "jsonpath={.spec.overhead.memory} {.spec.nodeSelector.sandbox} {.spec.tolerations[0].key}"]);
+    assert_eq!(got, "64Mi gvisor sandbox");
+
+    // Rejected pods were not stored.
+    let names = s.kubectl_ok(&["get", "pods", "-o", "name"]);
+    assert_eq!(names.trim(), "pod/p4");
+}
+
+#[test]
+fn runtime_class_handler_cannot_be_changed() {
+    let s = Server::start();
+    assert!(s.apply(RUNTIME_CLASSES).status.success());
+    let out = s.kubectl(&["patch", "runtimeclass", "native", "--type=merge", "-p", r#"{"handler":"crun"}"#]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("handler: Invalid value: \"crun\": field is immutable"), "{}", stderr(&out));
+    assert_eq!(s.kubectl_ok(&["get", "runtimeclass", "native", "-o", "jsonpath={.handler}"]), "runc");
+    let out = s.apply(&RUNTIME_CLASSES.replace("handler: runc", "handler: crun"));
+    assert!(stderr(&out).contains("field is immutable"), "{}", stderr(&out));
+}
+
+#[test]
+fn default_runtime_class_is_filled_into_pods_that_name_none() {
+    let s = Server::start();
+    assert!(s.apply(RUNTIME_CLASSES).status.success());
+    s.kubectl_ok(&["annotate", "runtimeclass", "native", "runtimeclass.berth.dev/is-default-class=true"]);
+    assert!(s.apply(&pod("d1", "")).status.success());
+    assert_eq!(s.kubectl_ok(&["get", "pod", "d1", "-o", "jsonpath={.spec.runtimeClassName}"]), "native");
+}
+
+#[test]
+fn creating_in_a_missing_namespace_is_not_found() {
+    let s = Server::start();
+    let out = s.kubectl_stdin(&["create", "-n", "nope", "-f", "-"], &pod("x", ""));
+    assert!(stderr(&out).contains("namespaces \"nope\" not found"), "{}", stderr(&out));
+}
+
+#[test]
+fn unknown_fields_are_rejected_by_kubectl_strict_validation() {
+    let s = Server::start();
+    let out = s.apply(&pod("u1", "  bogusField: 1\n"));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("unknown field \"spec.bogusField\""), "{}", stderr(&out));
+    assert!(s.kubectl_ok(&["get", "pods", "-o", "name"]).trim().is_empty());
+}
