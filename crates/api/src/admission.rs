@@ -45,18 +45,16 @@ pub fn admit_runtime_class(pod: &mut Pod, class: Option<&RuntimeClass>) -> Resul
     // Overhead: copied from the class; a pod-supplied one must equal it.
     match class.overhead.as_ref().map(|o| o.pod_fixed.clone().unwrap_or_default()) {
         Some(class_fixed) => {
-            if let Some(own) = spec.overhead.as_ref().filter(|o| !o.is_empty()) {
-                if !resource_lists_equal(own, &class_fixed) {
-                    return Err("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead".into());
-                }
+            if let Some(own) = spec.overhead.as_ref().filter(|o| !o.is_empty())
+                && !resource_lists_equal(own, &class_fixed)
+            {
+                return Err("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead".into());
             }
             spec.overhead = if class_fixed.is_empty() { None } else { Some(class_fixed) };
         }
         None => {
             if pod_overhead_set {
-                return Err(
-                    "pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into()
-                );
+                return Err("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into());
             }
         }
     }
@@ -66,12 +64,12 @@ pub fn admit_runtime_class(pod: &mut Pod, class: Option<&RuntimeClass>) -> Resul
         if let Some(class_sel) = sched.node_selector.as_ref().filter(|s| !s.is_empty()) {
             let pod_sel = spec.node_selector.get_or_insert_with(Default::default);
             for (k, v) in class_sel {
-                if let Some(pv) = pod_sel.get(k) {
-                    if pv != v {
-                        return Err(format!(
-                            "conflict: runtimeClass.scheduling.nodeSelector[{k}] = {v}; pod.spec.nodeSelector[{k}] = {pv}"
-                        ));
-                    }
+                if let Some(pv) = pod_sel.get(k)
+                    && pv != v
+                {
+                    return Err(format!(
+                        "conflict: runtimeClass.scheduling.nodeSelector[{k}] = {v}; pod.spec.nodeSelector[{k}] = {pv}"
+                    ));
                 }
                 pod_sel.insert(k.clone(), v.clone());
             }
@@ -107,12 +105,11 @@ pub fn toleration_covers(ss: &Toleration, t: &Toleration) -> bool {
     if s(&t.effect) != ss_effect && !ss_effect.is_empty() {
         return false;
     }
-    if ss_effect == "NoExecute" {
-        if let Some(limit) = ss.toleration_seconds {
-            if t.toleration_seconds.is_none_or(|secs| secs > limit) {
-                return false;
-            }
-        }
+    if ss_effect == "NoExecute"
+        && let Some(limit) = ss.toleration_seconds
+        && t.toleration_seconds.is_none_or(|secs| secs > limit)
+    {
+        return false;
     }
     match ss_op.as_str() {
         "" | "Equal" => s(&t.operator) == "Equal" && s(&t.value) == s(&ss.value),
@@ -225,7 +222,8 @@ mod tests {
         let c = class("runc");
         let mut p = pod(Some("runc"));
         p.spec.as_mut().unwrap().overhead = Some(res(&[("cpu", "100m")]));
-        let want = Err("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".to_string());
+        let want =
+            Err("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".to_string());
         assert_eq!(admit_runtime_class(&mut p, Some(&c)), want);
         let mut classless = pod(None);
         classless.spec.as_mut().unwrap().overhead = Some(res(&[("cpu", "100m")]));
@@ -258,7 +256,8 @@ mod tests {
         p.spec.as_mut().unwrap().node_selector = Some([("arch".to_string(), "amd64".to_string())].into());
         assert_eq!(
             admit_runtime_class(&mut p, Some(&c)),
-            Err("conflict: runtimeClass.scheduling.nodeSelector[arch] = arm64; pod.spec.nodeSelector[arch] = amd64".into())
+            Err("conflict: runtimeClass.scheduling.nodeSelector[arch] = arm64; pod.spec.nodeSelector[arch] = amd64"
+                .into())
         );
     }
 

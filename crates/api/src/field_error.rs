@@ -72,7 +72,12 @@ impl FieldError {
     }
     /// `value` is shown as is (numbers, or pre-rendered values).
     pub fn invalid_raw(field: impl Into<String>, value: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { error_type: ErrorType::Invalid, field: field.into(), bad_value: Some(value.into()), detail: detail.into() }
+        Self {
+            error_type: ErrorType::Invalid,
+            field: field.into(),
+            bad_value: Some(value.into()),
+            detail: detail.into(),
+        }
     }
     pub fn forbidden(field: impl Into<String>, detail: impl Into<String>) -> Self {
         Self { error_type: ErrorType::Forbidden, field: field.into(), bad_value: None, detail: detail.into() }
@@ -135,12 +140,19 @@ mod tests {
     #[test]
     fn one_error_is_shown_without_brackets() {
         let e = FieldError::required("spec.handler", "");
-        assert_eq!(invalid_message("RuntimeClass", "rc", &[e]), "RuntimeClass \"rc\" is invalid: spec.handler: Required value");
+        assert_eq!(
+            invalid_message("RuntimeClass", "rc", &[e]),
+            "RuntimeClass \"rc\" is invalid: spec.handler: Required value"
+        );
     }
 
     #[test]
     fn several_errors_are_bracketed_and_comma_separated() {
-        let a = FieldError::invalid("metadata.name", "A", "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'");
+        let a = FieldError::invalid(
+            "metadata.name",
+            "A",
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'",
+        );
         let b = FieldError::required("spec.containers", "");
         let m = invalid_message("Pod", "A", &[a, b]);
         assert!(m.starts_with("Pod \"A\" is invalid: [metadata.name: Invalid value: \"A\": a lowercase"));

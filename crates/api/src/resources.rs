@@ -82,19 +82,42 @@ macro_rules! rtype {
     };
 }
 
-pub static NAMESPACES: ResourceType = rtype!("", "Namespace", "namespaces", "namespace", false, &["ns"], &[], true, false, "namespaces");
+pub static NAMESPACES: ResourceType =
+    rtype!("", "Namespace", "namespaces", "namespace", false, &["ns"], &[], true, false, "namespaces");
 pub static PODS: ResourceType = rtype!("", "Pod", "pods", "pod", true, &["po"], &["all"], true, false, "pods");
 pub static NODES: ResourceType = rtype!("", "Node", "nodes", "node", false, &["no"], &[], true, false, "minions");
-pub static CONFIGMAPS: ResourceType = rtype!("", "ConfigMap", "configmaps", "configmap", true, &["cm"], &[], false, false, "configmaps");
+pub static CONFIGMAPS: ResourceType =
+    rtype!("", "ConfigMap", "configmaps", "configmap", true, &["cm"], &[], false, false, "configmaps");
 pub static SECRETS: ResourceType = rtype!("", "Secret", "secrets", "secret", true, &[], &[], false, false, "secrets");
-pub static SERVICEACCOUNTS: ResourceType =
-    rtype!("", "ServiceAccount", "serviceaccounts", "serviceaccount", true, &["sa"], &[], false, false, "serviceaccounts");
+pub static SERVICEACCOUNTS: ResourceType = rtype!(
+    "",
+    "ServiceAccount",
+    "serviceaccounts",
+    "serviceaccount",
+    true,
+    &["sa"],
+    &[],
+    false,
+    false,
+    "serviceaccounts"
+);
 pub static EVENTS: ResourceType = rtype!("", "Event", "events", "event", true, &["ev"], &[], false, false, "events");
 pub static EVENTS_V1: ResourceType =
     rtype!("events.k8s.io", "Event", "events", "event", true, &["ev"], &[], false, false, "events");
-pub static LEASES: ResourceType = rtype!("coordination.k8s.io", "Lease", "leases", "lease", true, &[], &[], false, false, "leases");
-pub static RUNTIMECLASSES: ResourceType =
-    rtype!("node.k8s.io", "RuntimeClass", "runtimeclasses", "runtimeclass", false, &[], &[], false, false, "runtimeclasses");
+pub static LEASES: ResourceType =
+    rtype!("coordination.k8s.io", "Lease", "leases", "lease", true, &[], &[], false, false, "leases");
+pub static RUNTIMECLASSES: ResourceType = rtype!(
+    "node.k8s.io",
+    "RuntimeClass",
+    "runtimeclasses",
+    "runtimeclass",
+    false,
+    &[],
+    &[],
+    false,
+    false,
+    "runtimeclasses"
+);
 pub static DEPLOYMENTS: ResourceType =
     rtype!("apps", "Deployment", "deployments", "deployment", true, &["deploy"], &["all"], true, true, "deployments");
 pub static REPLICASETS: ResourceType =

@@ -42,9 +42,8 @@ impl Requirement {
             Operator::In | Operator::NotIn if values.is_empty() => errs.push(format!(
                 "values: Invalid value: {shown}: for 'in', 'notin' operators, values set can't be empty"
             )),
-            Operator::Equals | Operator::DoubleEquals | Operator::NotEquals if values.len() != 1 => errs.push(
-                format!("values: Invalid value: {shown}: exact-match compatibility requires one single value"),
-            ),
+            Operator::Equals | Operator::DoubleEquals | Operator::NotEquals if values.len() != 1 => errs
+                .push(format!("values: Invalid value: {shown}: exact-match compatibility requires one single value")),
             Operator::Exists | Operator::DoesNotExist if !values.is_empty() => errs.push(format!(
                 "values: Invalid value: {shown}: values set must be empty for exists and does not exist"
             )),
@@ -632,13 +631,19 @@ mod tests {
         let e = LabelSelector::parse("a=b c").unwrap_err();
         assert_eq!(e, "found 'c', expected: ',' or 'end of string'");
         let e = LabelSelector::parse("a=-b").unwrap_err();
-        assert!(e.starts_with("unable to parse requirement: values[0][a]: Invalid value: \"-b\": a valid label must be"), "{e}");
+        assert!(
+            e.starts_with("unable to parse requirement: values[0][a]: Invalid value: \"-b\": a valid label must be"),
+            "{e}"
+        );
     }
 
     #[test]
     fn invalid_key_is_reported_with_a_nil_path() {
         let e = LabelSelector::parse("-a=b").unwrap_err();
-        assert!(e.starts_with("unable to parse requirement: <nil>: Invalid value: \"-a\": name part must consist of"), "{e}");
+        assert!(
+            e.starts_with("unable to parse requirement: <nil>: Invalid value: \"-a\": name part must consist of"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -646,12 +651,18 @@ mod tests {
         assert_eq!(LabelSelector::parse(",a").unwrap_err(), "found ',', expected: !, identifier, or 'end of string'");
         assert_eq!(LabelSelector::parse("a,").unwrap_err(), "found '', expected: identifier after ','");
         assert_eq!(LabelSelector::parse("a in x").unwrap_err(), "unable to parse requirement: found 'x' expected: '('");
-        assert_eq!(LabelSelector::parse("a in (x").unwrap_err(), "unable to parse requirement: found '', expected: ',' or ')'");
+        assert_eq!(
+            LabelSelector::parse("a in (x").unwrap_err(),
+            "unable to parse requirement: found '', expected: ',' or ')'"
+        );
         assert_eq!(
             LabelSelector::parse("a b").unwrap_err(),
             "unable to parse requirement: found 'b', expected: in, notin, =, ==, !=, gt, lt"
         );
-        assert_eq!(LabelSelector::parse("a=(").unwrap_err(), "unable to parse requirement: found '(', expected: identifier");
+        assert_eq!(
+            LabelSelector::parse("a=(").unwrap_err(),
+            "unable to parse requirement: found '(', expected: identifier"
+        );
     }
 
     #[test]
@@ -683,7 +694,11 @@ mod tests {
         };
         assert_eq!(LabelSelector::from_k8s(&bad).unwrap_err(), "\"Maybe\" is not a valid label selector operator");
         let empty_in = m::LabelSelector {
-            match_expressions: Some(vec![m::LabelSelectorRequirement { key: "a".into(), operator: "In".into(), values: None }]),
+            match_expressions: Some(vec![m::LabelSelectorRequirement {
+                key: "a".into(),
+                operator: "In".into(),
+                values: None,
+            }]),
             ..Default::default()
         };
         assert_eq!(
@@ -727,7 +742,10 @@ mod tests {
         assert_eq!(FieldSelector::parse("abc").unwrap_err(), "invalid selector: 'abc'; can't understand 'abc'");
         assert_eq!(FieldSelector::parse(r"a=\x").unwrap_err(), "invalid field selector: invalid escape sequence: \\x");
         assert_eq!(FieldSelector::parse(r"a=b\").unwrap_err(), "invalid field selector: invalid escape sequence: \\");
-        assert_eq!(FieldSelector::parse("a=b=c").unwrap_err(), "invalid field selector: unescaped character in value: 61");
+        assert_eq!(
+            FieldSelector::parse("a=b=c").unwrap_err(),
+            "invalid field selector: unescaped character in value: 61"
+        );
         assert!(FieldSelector::parse("").unwrap().is_empty());
     }
 }

@@ -396,10 +396,10 @@ impl Identity {
 
 /// The elements of the patch list must appear in `$setElementOrder` in the same relative order.
 fn check_order_matches(patch: &[Value], order: &[Value], id: &Identity, path: &str) -> Result<(), String> {
-    if let Identity::Key(k) = id {
-        if let Some(bad) = order.iter().find(|o| o.get(k).is_none()) {
-            return Err(format!("$setElementOrder/{path}: element {bad} does not contain merge key {k}"));
-        }
+    if let Identity::Key(k) = id
+        && let Some(bad) = order.iter().find(|o| o.get(k).is_none())
+    {
+        return Err(format!("$setElementOrder/{path}: element {bad} does not contain merge key {k}"));
     }
     let mut at = 0;
     for item in patch.iter().filter(|v| v.get(PATCH).is_none()) {
@@ -510,6 +510,33 @@ mod tests {
             out["spec"]["containers"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
         // `injected` stood before `c` on the server, so it stays before it.
         assert_eq!(names, ["injected", "c", "a", "b"]);
+    }
+
+    #[test]
+    fn server_only_runs_stay_between_the_elements_they_followed() {
+        let names = |v: &Value| -> Vec<String> {
+            v["spec"]["volumes"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap().to_string()).collect()
+        };
+        let vol = |n: &str| json!({"name": n, "emptyDir": {}});
+        let orig = json!({"spec": {"volumes": [vol("1"), vol("2"), vol("7"), vol("9"), vol("8"), vol("3"), vol("4")]}});
+        let patch =
+            json!({"spec": {"$setElementOrder/volumes": [{"name": "2"}, {"name": "1"}, {"name": "4"}, {"name": "3"}]}});
+        let out = apply(&PODS, &orig, &patch).unwrap();
+        assert_eq!(names(&out), ["2", "1", "7", "9", "8", "4", "3"]);
+    }
+
+    #[test]
+    fn delete_from_primitive_list_never_creates_the_list() {
+        let patch = json!({"spec": {"$deleteFromPrimitiveList/podCIDRs": ["10.0.0.0/24"]}});
+        let out = apply(&NODES, &json!({"spec": {}}), &patch).unwrap();
+        assert_eq!(out["spec"], json!({}));
+    }
+
+    #[test]
+    fn an_explicit_merge_directive_merges_as_usual() {
+        let patch = json!({"metadata": {"labels": {"$patch": "merge", "tier": "x"}}});
+        let out = apply(&PODS, &pod(), &patch).unwrap();
+        assert_eq!(out["metadata"]["labels"], json!({"app": "web", "tier": "x"}));
     }
 
     #[test]

@@ -315,10 +315,10 @@ fn condition_true(obj: &Value, ty: &str) -> bool {
 
 /// Tracks the latest `lastState.terminated.finishedAt` among containers.
 fn later_finish(latest: &mut Option<jiff::Timestamp>, status: &Value) {
-    if let Some(t) = timestamp(status.pointer("/lastState/terminated/finishedAt")) {
-        if latest.is_none_or(|l| l < t) {
-            *latest = Some(t);
-        }
+    if let Some(t) = timestamp(status.pointer("/lastState/terminated/finishedAt"))
+        && latest.is_none_or(|l| l < t)
+    {
+        *latest = Some(t);
     }
 }
 

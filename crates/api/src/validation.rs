@@ -18,11 +18,11 @@ pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 
 const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
 const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
-const DNS1123_SUBDOMAIN_FMT: &str =
-    "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
+const DNS1123_SUBDOMAIN_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
 const QUALIFIED_NAME_FMT: &str = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]";
-const QUALIFIED_NAME_MSG: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+const QUALIFIED_NAME_MSG: &str =
+    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const LABEL_VALUE_FMT: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
 const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
 const CONFIG_KEY_FMT: &str = "[-._a-zA-Z0-9]+";
@@ -60,10 +60,7 @@ pub fn regex_error(msg: &str, fmt: &str, examples: &[&str]) -> String {
 fn is_label_shape(s: &str) -> bool {
     let b = s.as_bytes();
     let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !b.is_empty()
-        && alnum(b[0])
-        && alnum(b[b.len() - 1])
-        && b.iter().all(|&c| alnum(c) || c == b'-')
+    !b.is_empty() && alnum(b[0]) && alnum(b[b.len() - 1]) && b.iter().all(|&c| alnum(c) || c == b'-')
 }
 
 fn is_subdomain_shape(s: &str) -> bool {
@@ -162,8 +159,8 @@ pub fn is_config_map_key(value: &str) -> Vec<String> {
     if value.len() > 253 {
         errs.push(max_len_error(253));
     }
-    let shape_ok = !value.is_empty()
-        && value.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.');
+    let shape_ok =
+        !value.is_empty() && value.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_' || c == b'.');
     if !shape_ok {
         errs.push(regex_error(CONFIG_KEY_MSG, CONFIG_KEY_FMT, &["key.name", "KEY_NAME", "key-name"]));
     }
@@ -594,7 +591,10 @@ mod tests {
     #[test]
     fn config_keys_reject_slashes_and_dot_dot() {
         assert!(is_config_map_key("key.name_1-2").is_empty());
-        assert!(is_config_map_key("a/b")[0].starts_with("a valid config key must consist of alphanumeric characters, '-', '_' or '.'"));
+        assert!(
+            is_config_map_key("a/b")[0]
+                .starts_with("a valid config key must consist of alphanumeric characters, '-', '_' or '.'")
+        );
         assert_eq!(is_config_map_key(".."), vec!["must not be '..'"]);
         assert_eq!(is_config_map_key("..a"), vec!["must not start with '..'"]);
     }
@@ -605,7 +605,10 @@ mod tests {
         let errs: Vec<String> = validate_object_meta(&meta, true, false).iter().map(|e| e.to_string()).collect();
         assert_eq!(
             errs,
-            vec!["metadata.name: Required value: name or generateName is required", "metadata.namespace: Required value"]
+            vec![
+                "metadata.name: Required value: name or generateName is required",
+                "metadata.namespace: Required value"
+            ]
         );
     }
 
@@ -676,7 +679,11 @@ mod tests {
             ]
         );
         let keyless = Toleration { operator: Some("Equal".into()), ..Default::default() };
-        assert!(validate_tolerations(&[keyless], "t")[0].to_string().contains("operator must be Exists when `key` is empty"));
+        assert!(
+            validate_tolerations(&[keyless], "t")[0]
+                .to_string()
+                .contains("operator must be Exists when `key` is empty")
+        );
     }
 
     #[test]

@@ -38,11 +38,7 @@ pub async fn healthz() -> &'static str {
 
 /// Ready when the store answers.
 pub async fn readyz(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {
-    state
-        .store
-        .current_revision()
-        .await
-        .map_err(|e| ApiError::unavailable(format!("storage is not ready: {e}")))?;
+    state.store.current_revision().await.map_err(|e| ApiError::unavailable(format!("storage is not ready: {e}")))?;
     Ok("ok")
 }
 
@@ -153,7 +149,8 @@ mod tests {
     #[test]
     fn core_list_has_pod_subresources_and_short_names() {
         let list = resource_list("", "v1");
-        let names: Vec<&str> = list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+        let names: Vec<&str> =
+            list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
         assert!(names.contains(&"pods/status") && names.contains(&"pods/binding"));
         assert!(!names.contains(&"runtimeclasses"));
         let pods = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods").unwrap();

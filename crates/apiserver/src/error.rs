@@ -61,7 +61,11 @@ impl ApiError {
     pub fn conflict_with(rt: &ResourceType, name: &str, why: &str) -> Self {
         Self {
             details: Some(details(rt, name)),
-            ..Self::new(409, "Conflict", format!("Operation cannot be fulfilled on {} {name:?}: {why}", rt.qualified_plural()))
+            ..Self::new(
+                409,
+                "Conflict",
+                format!("Operation cannot be fulfilled on {} {name:?}: {why}", rt.qualified_plural()),
+            )
         }
     }
     /// 403 in the form admission and namespace lifecycle use: `pods "x" is forbidden: <why>`.
@@ -98,7 +102,13 @@ impl ApiError {
         Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {}", crate::MAX_BODY_BYTES))
     }
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type:?})"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {content_type:?})"
+            ),
+        )
     }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

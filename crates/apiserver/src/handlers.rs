@@ -208,9 +208,7 @@ impl Selectors {
             let supported = kinds::supported_fields(rt);
             for field in f.fields() {
                 if !supported.contains(&field) {
-                    return Err(ApiError::bad_request(format!(
-                        "field label not supported: {field}"
-                    )));
+                    return Err(ApiError::bad_request(format!("field label not supported: {field}")));
                 }
             }
         }
@@ -218,21 +216,13 @@ impl Selectors {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.labels.as_ref().is_none_or(LabelSelector::is_empty) && self.fields.as_ref().is_none_or(FieldSelector::is_empty)
+        self.labels.as_ref().is_none_or(LabelSelector::is_empty)
+            && self.fields.as_ref().is_none_or(FieldSelector::is_empty)
     }
 
     pub(crate) fn matches(&self, rt: &ResourceType, obj: &Value) -> bool {
-        if let Some(l) = &self.labels {
-            if !l.matches(&objects::labels(obj)) {
-                return false;
-            }
-        }
-        if let Some(f) = &self.fields {
-            if !f.matches(&kinds::field_set(rt, obj)) {
-                return false;
-            }
-        }
-        true
+        self.labels.as_ref().is_none_or(|l| l.matches(&objects::labels(obj)))
+            && self.fields.as_ref().is_none_or(|f| f.matches(&kinds::field_set(rt, obj)))
     }
 }
 
@@ -266,7 +256,13 @@ pub(crate) struct Page {
     pub next: Option<String>,
 }
 
-pub(crate) async fn list_objects(state: &ApiState, t: &Target, sel: &Selectors, limit: Option<i64>, cont: Option<&str>) -> ApiResult<Page> {
+pub(crate) async fn list_objects(
+    state: &ApiState,
+    t: &Target,
+    sel: &Selectors,
+    limit: Option<i64>,
+    cont: Option<&str>,
+) -> ApiResult<Page> {
     let prefix = objects::prefix(t.rt, t.namespace.as_deref());
     let (mut revision, mut start) = match cont {
         Some(c) => {
@@ -282,10 +278,7 @@ pub(crate) async fn list_objects(state: &ApiState, t: &Target, sel: &Selectors, 
     let mut items = Vec::new();
     let started = Instant::now();
     loop {
-        let chunk = match limit {
-            Some(l) => Some((l - items.len()).max(if sel.is_empty() { 1 } else { 256 })),
-            None => None,
-        };
+        let chunk = limit.map(|l| (l - items.len()).max(if sel.is_empty() { 1 } else { 256 }));
         let opts = ListOptions { revision, start_key: start.clone(), limit: chunk };
         let res = state.store.list(&prefix, &opts).await.map_err(|e| match e {
             StoreError::Compacted { .. } if cont.is_some() => ApiError::gone(CONTINUE_EXPIRED),
@@ -325,7 +318,9 @@ async fn list(state: &ApiState, t: &Target, q: &Query, out: Output) -> ApiResult
     let page = list_objects(state, t, &sel, q.int("limit")?, q.get("continue")).await?;
     let rv = page.revision.to_string();
     let body = match out {
-        Output::Table => watch::table(t.rt, &page.items, &rv, page.next.as_deref(), q.get("includeObject") != Some("None")),
+        Output::Table => {
+            watch::table(t.rt, &page.items, &rv, page.next.as_deref(), q.get("includeObject") != Some("None"))
+        }
         Output::PartialMetadata => {
             let items: Vec<Value> = page.items.iter().map(partial_metadata).collect();
             let mut m = json!({"resourceVersion": rv});
@@ -394,7 +389,10 @@ pub(crate) fn check_object(rt: &ResourceType, mut obj: Value, fv: FieldValidatio
         None => obj["kind"] = json!(rt.kind),
     }
     let handled_as = |why: String| {
-        ApiError::bad_request(format!("{} in version {:?} cannot be handled as a {}: {why}", rt.kind, rt.version, rt.kind))
+        ApiError::bad_request(format!(
+            "{} in version {:?} cannot be handled as a {}: {why}",
+            rt.kind, rt.version, rt.kind
+        ))
     };
     let decoded = rt.roundtrip(&obj).map_err(handled_as)?;
     let mut unknown = Vec::new();
@@ -412,7 +410,8 @@ const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
 fn generate_name(base: &str) -> String {
     let id = uuid::Uuid::new_v4();
-    let suffix: String = id.as_bytes().iter().take(5).map(|b| NAME_CHARS[*b as usize % NAME_CHARS.len()] as char).collect();
+    let suffix: String =
+        id.as_bytes().iter().take(5).map(|b| NAME_CHARS[*b as usize % NAME_CHARS.len()] as char).collect();
     let base = if base.len() > 58 { &base[..58] } else { base };
     format!("{base}{suffix}")
 }
@@ -479,7 +478,8 @@ async fn admit_pod(state: &ApiState, obj: &mut Value) -> ApiResult<()> {
         }
     };
     let name = objects::name(obj).to_string();
-    berth_api::admission::admit_runtime_class(&mut pod, class.as_ref()).map_err(|why| ApiError::forbidden(&PODS, &name, &why))?;
+    berth_api::admission::admit_runtime_class(&mut pod, class.as_ref())
+        .map_err(|why| ApiError::forbidden(&PODS, &name, &why))?;
     *obj = serde_json::to_value(&pod).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(())
 }
@@ -545,7 +545,8 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
     }
     let key = objects::key(rt, t.namespace.as_deref(), &name);
     let started = Instant::now();
-    let kv = state.store.create(&key, objects::encode(rt, &obj)).await.map_err(|e| ApiError::from_store(e, rt, &name))?;
+    let kv =
+        state.store.create(&key, objects::encode(rt, &obj)).await.map_err(|e| ApiError::from_store(e, rt, &name))?;
     state.metrics.observe_store("create", started.elapsed());
     objects::set_resource_version(&mut obj, kv.mod_revision);
     Ok(with_warnings(json_response(StatusCode::CREATED, &obj), &warnings))
@@ -555,7 +556,9 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
 fn keep_system_metadata(new: &mut Value, old: &Value) {
     let old_meta = objects::meta(old).clone();
     let m = meta_mut(new);
-    for k in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generateName"] {
+    for k in
+        ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generateName"]
+    {
         match old_meta.get(k) {
             Some(v) => {
                 m.insert(k.into(), v.clone());
@@ -610,7 +613,11 @@ async fn write_update(
         return Ok(new);
     }
     let started = Instant::now();
-    let kv = state.store.update(&key, objects::encode(rt, &new), rev).await.map_err(|e| ApiError::from_store(e, rt, name))?;
+    let kv = state
+        .store
+        .update(&key, objects::encode(rt, &new), rev)
+        .await
+        .map_err(|e| ApiError::from_store(e, rt, name))?;
     state.metrics.observe_store("update", started.elapsed());
     objects::set_resource_version(&mut new, kv.mod_revision);
     Ok(new)
@@ -669,15 +676,20 @@ fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&s
 }
 
 fn check_precondition(rt: &ResourceType, name: &str, new: &Value, current_rev: i64) -> ApiResult<()> {
-    if let Some(rv) = objects::resource_version(new) {
-        if rv != current_rev.to_string() {
-            return Err(ApiError::conflict(rt, name));
-        }
+    if objects::resource_version(new).is_some_and(|rv| rv != current_rev.to_string()) {
+        return Err(ApiError::conflict(rt, name));
     }
     Ok(())
 }
 
-async fn update(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8], sub: Option<&str>) -> ApiResult<Response> {
+async fn update(
+    state: &ApiState,
+    t: &Target,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+    sub: Option<&str>,
+) -> ApiResult<Response> {
     let rt = t.rt;
     let name = t.name.as_deref().unwrap_or_default();
     let fv = FieldValidation::from_query(q)?;
@@ -688,8 +700,10 @@ async fn update(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    if let (Some(url_ns), Some(ns)) = (&t.namespace, objects::meta_str(&new, "namespace")) {
-        if url_ns != ns {
+    if let (Some(url_ns), Some(ns)) = (&t.namespace, objects::meta_str(&new, "namespace"))
+        && url_ns != ns
+    {
+        {
             return Err(ApiError::bad_request(
                 "the namespace of the provided object does not match the namespace sent on the request",
             ));
@@ -718,7 +732,11 @@ pub(crate) fn apply_patch(rt: &ResourceType, content_type: &str, original: &Valu
                 .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
             let mut out = original.clone();
             json_patch::patch(&mut out, &p).map_err(|e| {
-                ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                )
             })?;
             Ok(out)
         }
@@ -735,7 +753,14 @@ pub(crate) fn apply_patch(rt: &ResourceType, content_type: &str, original: &Valu
     }
 }
 
-async fn patch(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8], sub: Option<&str>) -> ApiResult<Response> {
+async fn patch(
+    state: &ApiState,
+    t: &Target,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+    sub: Option<&str>,
+) -> ApiResult<Response> {
     let rt = t.rt;
     let name = t.name.as_deref().unwrap_or_default();
     let fv = FieldValidation::from_query(q)?;
@@ -779,10 +804,18 @@ async fn bind(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body
     for _ in 0..16 {
         let (old, rev) = load(state, t, name).await?;
         if objects::is_deleting(&old) {
-            return Err(ApiError::conflict_with(&PODS, name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
+            return Err(ApiError::conflict_with(
+                &PODS,
+                name,
+                &format!("pod {name} is being deleted, cannot be assigned to a host"),
+            ));
         }
         if let Some(current) = old.pointer("/spec/nodeName").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-            return Err(ApiError::conflict_with(&PODS, name, &format!("pod {name} is already assigned to node {current:?}")));
+            return Err(ApiError::conflict_with(
+                &PODS,
+                name,
+                &format!("pod {name} is already assigned to node {current:?}"),
+            ));
         }
         let mut new = old.clone();
         new["spec"]["nodeName"] = json!(node);
@@ -792,7 +825,8 @@ async fn bind(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body
         new["status"]["conditions"] = json!(conds);
         match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
             Ok(_) => {
-                let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
+                let status =
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201});
                 return Ok(json_response(StatusCode::CREATED, &status));
             }
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
@@ -806,7 +840,9 @@ fn scale_of(obj: &Value) -> Value {
     let m = objects::meta(obj);
     let selector = obj
         .pointer("/spec/selector")
-        .and_then(|s| serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(s.clone()).ok())
+        .and_then(|s| {
+            serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(s.clone()).ok()
+        })
         .map(|s| selector_string(&s))
         .unwrap_or_default();
     json!({
@@ -857,13 +893,18 @@ async fn update_scale(state: &ApiState, t: &Target, q: &Query, change: ScaleChan
                 s.clone()
             }
             ScaleChange::Patch(ct, p) => {
-                let ct = if ct == "application/strategic-merge-patch+json" { "application/merge-patch+json" } else { ct };
+                let ct =
+                    if ct == "application/strategic-merge-patch+json" { "application/merge-patch+json" } else { ct };
                 apply_patch(rt, ct, &scale_of(&old), p)?
             }
         };
         let replicas = scale.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
         if replicas < 0 {
-            return Err(ApiError::invalid(rt, name, &[FieldError::invalid_raw("spec.replicas", replicas.to_string(), "must be greater than or equal to 0")]));
+            return Err(ApiError::invalid(
+                rt,
+                name,
+                &[FieldError::invalid_raw("spec.replicas", replicas.to_string(), "must be greater than or equal to 0")],
+            ));
         }
         let mut new = old.clone();
         new["spec"]["replicas"] = json!(replicas);
@@ -920,7 +961,13 @@ fn success_status(rt: &ResourceType, obj: &Value) -> Value {
 
 /// Deletes one object as Kubernetes does: namespaces start terminating, bound pods get their
 /// grace period, finalizers keep an object until they are removed. Returns the response body.
-pub(crate) async fn delete_object(state: &ApiState, t: &Target, name: &str, q: &Query, body: &[u8]) -> ApiResult<Value> {
+pub(crate) async fn delete_object(
+    state: &ApiState,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    body: &[u8],
+) -> ApiResult<Value> {
     let rt = t.rt;
     let opts = delete_options(q, body)?;
     let dry_run = opts.dry_run.as_ref().is_some_and(|d| d.iter().any(|x| x == "All"));
@@ -929,10 +976,20 @@ pub(crate) async fn delete_object(state: &ApiState, t: &Target, name: &str, q: &
         if let Some(p) = &opts.preconditions {
             let uid = objects::meta_str(&old, "uid").unwrap_or("");
             if let Some(want) = p.uid.as_deref().filter(|u| *u != uid) {
-                return Err(ApiError::conflict_with(rt, name, &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}")));
+                return Err(ApiError::conflict_with(
+                    rt,
+                    name,
+                    &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"),
+                ));
             }
             if let Some(want) = p.resource_version.as_deref().filter(|r| *r != rev.to_string()) {
-                return Err(ApiError::conflict_with(rt, name, &format!("Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rev}")));
+                return Err(ApiError::conflict_with(
+                    rt,
+                    name,
+                    &format!(
+                        "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rev}"
+                    ),
+                ));
             }
         }
         let mut new = old.clone();
@@ -950,7 +1007,8 @@ pub(crate) async fn delete_object(state: &ApiState, t: &Target, name: &str, q: &
             let mut grace = 0;
             if std::ptr::eq(rt, &PODS) {
                 let bound = old.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-                let finished = matches!(old.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
+                let finished =
+                    matches!(old.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
                 let default = old.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(30);
                 grace = opts.grace_period_seconds.unwrap_or(default).max(0);
                 if !bound || finished {

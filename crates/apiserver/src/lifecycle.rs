@@ -119,7 +119,9 @@ async fn finalize(state: &ApiState, ns: &str, rev: i64, mut nsobj: Value) -> Api
         state.store.update(&key, objects::encode(&NAMESPACES, &nsobj), rev).await.map(|_| ())
     };
     match result {
-        Ok(()) | Err(berth_store::StoreError::Conflict { .. }) | Err(berth_store::StoreError::NotFound { .. }) => Ok(()),
+        Ok(()) | Err(berth_store::StoreError::Conflict { .. }) | Err(berth_store::StoreError::NotFound { .. }) => {
+            Ok(())
+        }
         Err(e) => Err(ApiError::from_store(e, &NAMESPACES, ns)),
     }
 }

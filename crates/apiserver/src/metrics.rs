@@ -61,11 +61,16 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("apiserver");
         let requests = Family::<RequestLabels, Counter>::default();
-        let request_seconds = Family::<VerbLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let request_seconds =
+            Family::<VerbLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let store_seconds = Family::<OpLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
         let watchers = Family::<ResourceLabels, Gauge>::default();
         registry.register("request", "API requests by verb, resource and HTTP code", requests.clone());
-        registry.register("request_duration_seconds", "API request latency by verb and resource", request_seconds.clone());
+        registry.register(
+            "request_duration_seconds",
+            "API request latency by verb and resource",
+            request_seconds.clone(),
+        );
         registry.register("storage_operation_duration_seconds", "Store operation latency", store_seconds.clone());
         registry.register("registered_watchers", "Open watches by resource", watchers.clone());
         Self { registry, requests, request_seconds, store_seconds, watchers }

@@ -36,7 +36,7 @@ pub fn parse_target(group: &str, version: &str, rest: &str) -> Result<Target, Ap
     };
     let t = match segs.as_slice() {
         [plural] => target(find(plural)?, None, None, None),
-        ["namespaces", ns, plural] if !matches!(*plural, "status" | "finalize") || group != "" => {
+        ["namespaces", ns, plural] if !matches!(*plural, "status" | "finalize") || !group.is_empty() => {
             let rt = find(plural)?;
             if !rt.namespaced {
                 return Err(not_found());
@@ -192,7 +192,11 @@ pub fn output(headers: &HeaderMap) -> Output {
         match (get("as"), get("g"), get("v")) {
             (None, _, _) => return Output::Object,
             (Some("Table"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => return Output::Table,
-            (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => {
+            (
+                Some("PartialObjectMetadata" | "PartialObjectMetadataList"),
+                Some("meta.k8s.io"),
+                Some("v1" | "v1beta1"),
+            ) => {
                 return Output::PartialMetadata;
             }
             _ => continue,

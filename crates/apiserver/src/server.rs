@@ -28,7 +28,11 @@ pub struct ServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot prepare data dir {path}")]
-    DataDir { path: PathBuf, #[source] source: std::io::Error },
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot open the store")]
     Store(#[source] berth_store::StoreError),
     #[error("cannot prepare TLS and credentials")]
@@ -38,7 +42,11 @@ pub enum ServerError {
     #[error("cannot create the system namespaces: {0}")]
     Bootstrap(String),
     #[error("cannot serve on {addr}")]
-    Serve { addr: SocketAddr, #[source] source: std::io::Error },
+    Serve {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub async fn open_store(cfg: &ServerConfig) -> Result<Arc<dyn Store>, ServerError> {

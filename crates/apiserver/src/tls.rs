@@ -20,8 +20,8 @@ use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SerialNumber,
 };
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier;
@@ -83,11 +83,7 @@ pub enum TlsError {
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> TlsError {
     let path = path.to_path_buf();
-    move |source| TlsError::Io {
-        action,
-        path,
-        source,
-    }
+    move |source| TlsError::Io { action, path, source }
 }
 
 fn parse_err<E>(what: impl std::fmt::Display) -> impl FnOnce(E) -> TlsError
@@ -95,10 +91,7 @@ where
     E: std::error::Error + Send + Sync + 'static,
 {
     let what = what.to_string();
-    move |source| TlsError::Parse {
-        what,
-        source: Box::new(source),
-    }
+    move |source| TlsError::Parse { what, source: Box::new(source) }
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -113,24 +106,18 @@ fn provider() -> Arc<CryptoProvider> {
 pub fn ensure_pki(data_dir: &Path, bind: IpAddr, extra_sans: &[String]) -> Result<Pki, TlsError> {
     let dir = data_dir.join("pki");
     fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-        .map_err(io_err("set permissions on", &dir))?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_err("set permissions on", &dir))?;
 
     let (ca_pem, ca_key) = ensure_ca(&dir)?;
     let sans = serving_sans(bind, extra_sans);
 
     let cert_path = dir.join("apiserver.crt");
     let key_path = dir.join("apiserver.key");
-    if let (Some(cert_pem), Some(key_pem)) = (read_optional(&cert_path)?, read_optional(&key_path)?)
-    {
+    if let (Some(cert_pem), Some(key_pem)) = (read_optional(&cert_path)?, read_optional(&key_path)?) {
         match serving_cert_problem(&ca_pem, &cert_pem, &key_pem, &sans) {
             None => {
                 restrict(&key_path)?;
-                return Ok(Pki {
-                    ca_pem,
-                    server_cert_pem: cert_pem,
-                    server_key_pem: key_pem,
-                });
+                return Ok(Pki { ca_pem, server_cert_pem: cert_pem, server_key_pem: key_pem });
             }
             Some(problem) => {
                 tracing::info!(path = %cert_path.display(), %problem, "reissuing serving certificate");
@@ -141,11 +128,7 @@ pub fn ensure_pki(data_dir: &Path, bind: IpAddr, extra_sans: &[String]) -> Resul
     let (cert_pem, key_pem) = issue_serving_cert(&ca_key, &sans, SERVING_VALIDITY_DAYS)?;
     write_file(&key_path, key_pem.as_bytes(), 0o600)?;
     write_file(&cert_path, cert_pem.as_bytes(), 0o644)?;
-    Ok(Pki {
-        ca_pem,
-        server_cert_pem: cert_pem,
-        server_key_pem: key_pem,
-    })
+    Ok(Pki { ca_pem, server_cert_pem: cert_pem, server_key_pem: key_pem })
 }
 
 /// The names the serving certificate must cover: loopback names, the bind address unless it
@@ -195,14 +178,10 @@ fn ensure_ca(dir: &Path) -> Result<(String, KeyPair), TlsError> {
     match (read_optional(&cert_path)?, read_optional(&key_path)?) {
         (Some(cert_pem), Some(key_pem)) => {
             let key = KeyPair::from_pem(&key_pem).map_err(parse_err(key_path.display()))?;
-            let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
-                .map_err(parse_err(cert_path.display()))?;
+            let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(parse_err(cert_path.display()))?;
             // A mismatched key would sign serving certificates nobody can verify.
             if certified_key(vec![cert], &key_pem, &key_path).is_err() {
-                return Err(TlsError::Invalid {
-                    path: key_path,
-                    reason: "does not match ca.crt",
-                });
+                return Err(TlsError::Invalid { path: key_path, reason: "does not match ca.crt" });
             }
             restrict(&key_path)?;
             Ok((cert_pem, key))
@@ -219,14 +198,8 @@ fn ensure_ca(dir: &Path) -> Result<(String, KeyPair), TlsError> {
             Ok((cert.pem(), key))
         }
         // Silently replacing half a CA would invalidate every kubeconfig handed out so far.
-        (Some(_), None) => Err(TlsError::Invalid {
-            path: key_path,
-            reason: "missing while ca.crt exists",
-        }),
-        (None, Some(_)) => Err(TlsError::Invalid {
-            path: cert_path,
-            reason: "missing while ca.key exists",
-        }),
+        (Some(_), None) => Err(TlsError::Invalid { path: key_path, reason: "missing while ca.crt exists" }),
+        (None, Some(_)) => Err(TlsError::Invalid { path: cert_path, reason: "missing while ca.key exists" }),
     }
 }
 
@@ -238,20 +211,12 @@ fn ca_params() -> CertificateParams {
     dn.push(DnType::CommonName, "berth-ca");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params
 }
 
 /// Issues a serving certificate for `sans` valid for `days`; returns (cert PEM, key PEM).
-fn issue_serving_cert(
-    ca_key: &KeyPair,
-    sans: &[String],
-    days: i64,
-) -> Result<(String, String), TlsError> {
+fn issue_serving_cert(ca_key: &KeyPair, sans: &[String], days: i64) -> Result<(String, String), TlsError> {
     let key = KeyPair::generate().map_err(TlsError::Certificate)?;
     let mut params = CertificateParams::new(sans.to_vec()).map_err(TlsError::Certificate)?;
     let mut dn = DistinguishedName::new();
@@ -263,20 +228,14 @@ fn issue_serving_cert(
     params.serial_number = Some(random_serial()?);
     set_validity(&mut params, days);
     let issuer = Issuer::new(ca_params(), ca_key);
-    let cert = params
-        .signed_by(&key, &issuer)
-        .map_err(TlsError::Certificate)?;
+    let cert = params.signed_by(&key, &issuer).map_err(TlsError::Certificate)?;
     Ok((cert.pem(), key.serialize_pem()))
 }
 
 /// Sets validity from yesterday (tolerating clock skew between hosts) until `days` from today.
 fn set_validity(params: &mut CertificateParams, days: i64) {
-    let today = jiff::Timestamp::now()
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .date();
-    let ymd = |d: jiff::civil::Date| {
-        rcgen::date_time_ymd(i32::from(d.year()), d.month() as u8, d.day() as u8)
-    };
+    let today = jiff::Timestamp::now().to_zoned(jiff::tz::TimeZone::UTC).date();
+    let ymd = |d: jiff::civil::Date| rcgen::date_time_ymd(i32::from(d.year()), d.month() as u8, d.day() as u8);
     params.not_before = ymd(today.saturating_sub(jiff::Span::new().days(1)));
     params.not_after = ymd(today.saturating_add(jiff::Span::new().days(days)));
 }
@@ -291,20 +250,12 @@ fn random_serial() -> Result<SerialNumber, TlsError> {
 
 fn random_bytes<const N: usize>() -> Result<[u8; N], TlsError> {
     let mut bytes = [0u8; N];
-    provider()
-        .secure_random
-        .fill(&mut bytes)
-        .map_err(|_| TlsError::Rustls(rustls::Error::FailedToGetRandomBytes))?;
+    provider().secure_random.fill(&mut bytes).map_err(|_| TlsError::Rustls(rustls::Error::FailedToGetRandomBytes))?;
     Ok(bytes)
 }
 
 /// Why the stored serving certificate cannot be reused, or `None` if it can.
-fn serving_cert_problem(
-    ca_pem: &str,
-    cert_pem: &str,
-    key_pem: &str,
-    sans: &[String],
-) -> Option<String> {
+fn serving_cert_problem(ca_pem: &str, cert_pem: &str, key_pem: &str, sans: &[String]) -> Option<String> {
     let chain = match CertificateDer::pem_slice_iter(cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>() {
         Ok(chain) if !chain.is_empty() => chain,
         Ok(_) => return Some("no certificate in pem".into()),
@@ -327,9 +278,7 @@ fn serving_cert_problem(
         Err(e) => return Some(format!("cannot build verifier: {e}")),
     };
     // Verifying "as of" 30 days from now rejects certificates about to expire.
-    let since_epoch = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
+    let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let later = UnixTime::since_unix_epoch(since_epoch + RENEW_BEFORE);
     for san in sans {
         // Names rustls cannot express (wildcards, underscores) cannot be checked; rcgen still
@@ -365,23 +314,14 @@ pub fn ensure_admin_token(data_dir: &Path) -> Result<String, TlsError> {
         }
     }
     fs::create_dir_all(data_dir).map_err(io_err("create", data_dir))?;
-    let token: String = random_bytes::<32>()?
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let token: String = random_bytes::<32>()?.iter().map(|b| format!("{b:02x}")).collect();
     write_file(&path, format!("{token}\n").as_bytes(), 0o600)?;
     Ok(token)
 }
 
 /// Writes a kubeconfig (mode 0600) with cluster and context `berth` pointing at `server_url`,
 /// trusting `ca_pem`, and authenticating as `user` with bearer `token`.
-pub fn write_kubeconfig(
-    path: &Path,
-    server_url: &str,
-    ca_pem: &str,
-    user: &str,
-    token: &str,
-) -> Result<(), TlsError> {
+pub fn write_kubeconfig(path: &Path, server_url: &str, ca_pem: &str, user: &str, token: &str) -> Result<(), TlsError> {
     let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
     let config = serde_json::json!({
         "apiVersion": "v1",
@@ -414,8 +354,7 @@ pub fn rustls_config(pki: &Pki) -> Result<Arc<ServerConfig>, TlsError> {
     let chain = CertificateDer::pem_slice_iter(pki.server_cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(parse_err("serving certificate"))?;
-    let key = PrivateKeyDer::from_pem_slice(pki.server_key_pem.as_bytes())
-        .map_err(parse_err("serving key"))?;
+    let key = PrivateKeyDer::from_pem_slice(pki.server_key_pem.as_bytes()).map_err(parse_err("serving key"))?;
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Rustls)?
@@ -436,8 +375,7 @@ fn read_optional(path: &Path) -> Result<Option<String>, TlsError> {
 
 /// Tightens a reused secret file that may have been copied in with looser permissions.
 fn restrict(path: &Path) -> Result<(), TlsError> {
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
-        .map_err(io_err("set permissions on", path))
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(io_err("set permissions on", path))
 }
 
 /// Writes `contents` via a temporary file and rename, so a crash never leaves a torn file and
@@ -454,8 +392,7 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), TlsError> {
         .open(&tmp)
         .map_err(io_err("create", &tmp))?;
     // `mode` only applies to newly created files; a leftover temp file keeps its old mode.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(io_err("set permissions on", &tmp))?;
+    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err("set permissions on", &tmp))?;
     file.write_all(contents).map_err(io_err("write", &tmp))?;
     file.sync_all().map_err(io_err("sync", &tmp))?;
     fs::rename(&tmp, path).map_err(io_err("rename into", path))
@@ -472,15 +409,9 @@ mod tests {
     }
 
     /// Runs a TLS handshake in memory and returns the negotiated ALPN protocol.
-    fn handshake(
-        server: Arc<ServerConfig>,
-        ca_pem: &str,
-        name: &str,
-    ) -> Result<Option<Vec<u8>>, rustls::Error> {
+    fn handshake(server: Arc<ServerConfig>, ca_pem: &str, name: &str) -> Result<Option<Vec<u8>>, rustls::Error> {
         let mut roots = RootCertStore::empty();
-        roots
-            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
-            .unwrap();
+        roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
         let mut client_config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .unwrap()
@@ -530,13 +461,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = ensure_pki(dir.path(), LOCAL, &["berth.example.com".into()]).unwrap();
         let config = rustls_config(&pki).unwrap();
-        let mut names = vec![
-            "127.0.0.1",
-            "localhost",
-            "::1",
-            "kubernetes.default.svc",
-            "berth.example.com",
-        ];
+        let mut names = vec!["127.0.0.1", "localhost", "::1", "kubernetes.default.svc", "berth.example.com"];
         let host = hostname();
         if let Some(host) = host.as_deref().filter(|h| ServerName::try_from(*h).is_ok()) {
             names.push(host);
@@ -547,10 +472,7 @@ mod tests {
             assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
         }
         let err = handshake(config, &pki.ca_pem, "example.org").unwrap_err();
-        assert!(
-            matches!(err, rustls::Error::InvalidCertificate(_)),
-            "unexpected error {err:?}"
-        );
+        assert!(matches!(err, rustls::Error::InvalidCertificate(_)), "unexpected error {err:?}");
     }
 
     #[test]
@@ -582,16 +504,11 @@ mod tests {
     fn a_serving_certificate_expiring_within_30_days_is_reissued() {
         let dir = tempfile::tempdir().unwrap();
         let first = ensure_pki(dir.path(), LOCAL, &[]).unwrap();
-        let ca_key = KeyPair::from_pem(&fs::read_to_string(dir.path().join("pki/ca.key")).unwrap())
-            .unwrap();
+        let ca_key = KeyPair::from_pem(&fs::read_to_string(dir.path().join("pki/ca.key")).unwrap()).unwrap();
         let (cert, key) = issue_serving_cert(&ca_key, &serving_sans(LOCAL, &[]), 10).unwrap();
         fs::write(dir.path().join("pki/apiserver.crt"), &cert).unwrap();
         fs::write(dir.path().join("pki/apiserver.key"), &key).unwrap();
-        let short = Pki {
-            ca_pem: first.ca_pem.clone(),
-            server_cert_pem: cert.clone(),
-            server_key_pem: key,
-        };
+        let short = Pki { ca_pem: first.ca_pem.clone(), server_cert_pem: cert.clone(), server_key_pem: key };
         // The short-lived certificate is itself valid and signed by the stored CA.
         handshake(rustls_config(&short).unwrap(), &first.ca_pem, "localhost").unwrap();
         let renewed = ensure_pki(dir.path(), LOCAL, &[]).unwrap();
@@ -611,15 +528,9 @@ mod tests {
     #[test]
     fn serving_sans_include_required_names_and_skip_unspecified_bind() {
         let sans = serving_sans(IpAddr::V4(Ipv4Addr::UNSPECIFIED), &["x.example".into()]);
-        for want in [
-            "localhost",
-            "127.0.0.1",
-            "::1",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "x.example",
-        ] {
+        for want in
+            ["localhost", "127.0.0.1", "::1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "x.example"]
+        {
             assert!(sans.iter().any(|s| s == want), "missing {want} in {sans:?}");
         }
         assert!(!sans.iter().any(|s| s == "0.0.0.0"));
@@ -676,14 +587,15 @@ mod tests {
     }
 
     /// Serves `GET /version` over TLS, answering 401 unless the bearer token matches.
-    async fn serve_version(pki: &Pki, token: &str) -> (std::net::SocketAddr, axum_server::Handle<std::net::SocketAddr>) {
+    async fn serve_version(
+        pki: &Pki,
+        token: &str,
+    ) -> (std::net::SocketAddr, axum_server::Handle<std::net::SocketAddr>) {
         let expected = format!("Bearer {token}");
         let app = axum::Router::new().route(
             "/version",
             axum::routing::get(move |headers: http::HeaderMap| async move {
-                if headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok())
-                    != Some(expected.as_str())
-                {
+                if headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) != Some(expected.as_str()) {
                     return Err(http::StatusCode::UNAUTHORIZED);
                 }
                 Ok(axum::Json(serde_json::json!({
@@ -698,9 +610,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let tls = axum_server::tls_rustls::RustlsConfig::from_config(rustls_config(pki).unwrap());
         let handle = axum_server::Handle::new();
-        let server = axum_server::from_tcp_rustls(listener, tls)
-            .unwrap()
-            .handle(handle.clone());
+        let server = axum_server::from_tcp_rustls(listener, tls).unwrap().handle(handle.clone());
         tokio::spawn(server.serve(app.into_make_service()));
         (addr, handle)
     }
@@ -716,9 +626,7 @@ mod tests {
         write_kubeconfig(&path, &url, &pki.ca_pem, "admin", &token).unwrap();
 
         let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
         assert_eq!(config.cluster_url.to_string(), format!("{url}/"));
         let client = kube::Client::try_from(config).unwrap();
         let version = client.apiserver_version().await.unwrap();
@@ -737,8 +645,7 @@ mod tests {
         let token = ensure_admin_token(dir.path()).unwrap();
         let (addr, handle) = serve_version(&pki, &token).await;
         let path = dir.path().join("admin.kubeconfig");
-        write_kubeconfig(&path, &server_url(LOCAL, addr.port()), &pki.ca_pem, "admin", &token)
-            .unwrap();
+        write_kubeconfig(&path, &server_url(LOCAL, addr.port()), &pki.ca_pem, "admin", &token).unwrap();
         let output = tokio::task::spawn_blocking(move || {
             std::process::Command::new("kubectl")
                 .args(["version", "-o", "json", "--request-timeout=10s", "--kubeconfig"])
@@ -750,11 +657,7 @@ mod tests {
         .unwrap();
         handle.shutdown();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success(),
-            "kubectl failed: {stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert!(output.status.success(), "kubectl failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
         assert!(stdout.contains("v1.33.0-berth"), "{stdout}");
     }
 }

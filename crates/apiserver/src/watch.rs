@@ -70,7 +70,9 @@ fn line(kind: &str, object: Value) -> Bytes {
 
 fn expired_line(err: &StoreError) -> Bytes {
     let msg = match err {
-        StoreError::Compacted { requested, compacted } => format!("too old resource version: {requested} ({compacted})"),
+        StoreError::Compacted { requested, compacted } => {
+            format!("too old resource version: {requested} ({compacted})")
+        }
         other => other.to_string(),
     };
     line("ERROR", ApiError::gone(msg).to_status())
@@ -92,7 +94,8 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
     let rt = t.rt;
     let sel = Selectors::from_query(rt, &q)?;
     let bookmarks = q.flag("allowWatchBookmarks");
-    let timeout = q.int("timeoutSeconds")?.filter(|s| *s > 0).map(|s| Duration::from_secs(s as u64)).unwrap_or(DEFAULT_TIMEOUT);
+    let timeout =
+        q.int("timeoutSeconds")?.filter(|s| *s > 0).map(|s| Duration::from_secs(s as u64)).unwrap_or(DEFAULT_TIMEOUT);
     let prefix = objects::prefix(rt, t.namespace.as_deref());
 
     // No resourceVersion, or "0": start with the current state as ADDED events.
@@ -102,9 +105,8 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
             (page.items, page.revision)
         }
         Some(rv) => {
-            let rev = rv
-                .parse::<i64>()
-                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
+            let rev =
+                rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
             (Vec::new(), rev)
         }
     };
@@ -185,10 +187,10 @@ fn async_stream(
                 },
                 EventKind::Delete => matches(&old).then_some(("DELETED", old)),
             };
-            if let Some((kind, Some(obj))) = msg {
-                if tx.send(line(kind, render(rt, &obj, out))).await.is_err() {
-                    return;
-                }
+            if let Some((kind, Some(obj))) = msg
+                && tx.send(line(kind, render(rt, &obj, out))).await.is_err()
+            {
+                return;
             }
         }
     });

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use axum::body::Body;
 use berth_apiserver::authn::TokenAuthenticator;
 use berth_apiserver::{ApiState, lifecycle, router};
-use berth_store::Store;
 use berth_store::sqlite::SqliteStore;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -28,7 +27,14 @@ impl Api {
         Api { state, _dir: dir }
     }
 
-    async fn send(&self, method: &str, path: &str, content_type: &str, body: impl Into<Body>, token: Option<&str>) -> (StatusCode, Value) {
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: impl Into<Body>,
+        token: Option<&str>,
+    ) -> (StatusCode, Value) {
         let mut req = Request::builder().method(method).uri(path).header("content-type", content_type);
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
@@ -88,7 +94,12 @@ async fn wrong_api_version_or_kind_is_a_bad_request() {
     let mut p = pod("a");
     p["apiVersion"] = json!("v2");
     let got = api.json("POST", PODS, &p).await;
-    assert_status(&got, 400, "BadRequest", "the API version in the data (v2) does not match the expected API version (v1)");
+    assert_status(
+        &got,
+        400,
+        "BadRequest",
+        "the API version in the data (v2) does not match the expected API version (v1)",
+    );
     let mut p = pod("a");
     p["kind"] = json!("ConfigMap");
     let got = api.json("POST", PODS, &p).await;
@@ -171,7 +182,15 @@ async fn a_watch_from_a_compacted_revision_gets_410_gone() {
     api.json("POST", PODS, &pod("b")).await;
     let now = api.revision().await;
     api.state.store.compact(now).await.unwrap();
-    let (status, _) = api.send("GET", &format!("{PODS}?watch=true&resourceVersion={}", old_rv.parse::<i64>().unwrap() - 1), "", Body::empty(), Some(TOKEN)).await;
+    let (status, _) = api
+        .send(
+            "GET",
+            &format!("{PODS}?watch=true&resourceVersion={}", old_rv.parse::<i64>().unwrap() - 1),
+            "",
+            Body::empty(),
+            Some(TOKEN),
+        )
+        .await;
     // The watch answers 200 and then a single ERROR event carrying the 410 Status.
     assert_eq!(status, StatusCode::OK);
     let req = Request::builder()

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_apiserver::{ApiState, lifecycle, router};
-use berth_store::Store;
 use berth_store::sqlite::SqliteStore;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -23,7 +22,8 @@ async fn setup() -> (kube::Client, Arc<ApiState>, tempfile::TempDir) {
 }
 
 fn cm(name: &str) -> ConfigMap {
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"app": "x"}}, "data": {"k": name}})).unwrap()
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": {"app": "x"}}, "data": {"k": name}}))
+        .unwrap()
 }
 
 #[tokio::test]
@@ -71,7 +71,8 @@ async fn watcher_survives_forced_compaction_without_losing_an_event() {
     // Move the store's revision on without touching configmaps, then forget all history: the
     // watcher's next resume point is compacted away.
     for i in 0..5 {
-        let s: Secret = serde_json::from_value(serde_json::json!({"metadata": {"name": format!("noise-{i}")}})).unwrap();
+        let s: Secret =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": format!("noise-{i}")}})).unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();
     }
     let rev = state.store.current_revision().await.unwrap();

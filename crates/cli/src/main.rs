@@ -5,7 +5,11 @@ mod commands;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "berth", version, about = "Kubernetes-compatible orchestrator where every pod runs on the runtime its RuntimeClass names")]
+#[command(
+    name = "berth",
+    version,
+    about = "Kubernetes-compatible orchestrator where every pod runs on the runtime its RuntimeClass names"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

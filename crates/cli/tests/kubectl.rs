@@ -75,7 +75,10 @@ fn kubectl_applies_lists_describes_and_deletes_namespaces_pods_and_runtimeclasse
     assert!(both.contains("runtimeclass.node.k8s.io/gvisor") && both.contains("pod/web"), "{both}");
 
     let described = s.kubectl_ok(&["describe", "pod", "web", "-n", "team-a"]);
-    assert!(described.contains("Name:") && described.contains("team-a") && described.contains("busybox:1.37"), "{described}");
+    assert!(
+        described.contains("Name:") && described.contains("team-a") && described.contains("busybox:1.37"),
+        "{described}"
+    );
     let described = s.kubectl_ok(&["describe", "runtimeclass", "gvisor"]);
     assert!(described.contains("runsc"), "{described}");
 
@@ -111,7 +114,8 @@ fn kubectl_get_pods_watch_sees_added_modified_and_deleted() {
     let mut out = String::new();
     watch.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     let _ = watch.wait();
-    let events: Vec<&str> = out.lines().filter(|l| l.contains("w1")).map(|l| l.split_whitespace().next().unwrap()).collect();
+    let events: Vec<&str> =
+        out.lines().filter(|l| l.contains("w1")).map(|l| l.split_whitespace().next().unwrap()).collect();
     assert_eq!(events.first(), Some(&"ADDED"), "{out}");
     assert!(events.contains(&"MODIFIED"), "{out}");
     assert_eq!(events.last(), Some(&"DELETED"), "{out}");
@@ -128,18 +132,30 @@ fn runtime_class_admission_messages_reach_kubectl_verbatim() {
 
     let out = s.apply(&pod("p2", "  runtimeClassName: gvisor\n  nodeSelector:\n    sandbox: runc\n"));
     assert!(
-        stderr(&out).contains("conflict: runtimeClass.scheduling.nodeSelector[sandbox] = gvisor; pod.spec.nodeSelector[sandbox] = runc"),
+        stderr(&out).contains(
+            "conflict: runtimeClass.scheduling.nodeSelector[sandbox] = gvisor; pod.spec.nodeSelector[sandbox] = runc"
+        ),
         "{}",
         stderr(&out)
     );
 
     let out = s.apply(&pod("p3", "  runtimeClassName: gvisor\n  overhead:\n    memory: 1Gi\n"));
-    assert!(stderr(&out).contains("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead"),
+        "{}",
+        stderr(&out)
+    );
 
     // An admitted pod carries the class's overhead, node selector and tolerations.
     let out = s.apply(&pod("p4", "  runtimeClassName: gvisor\n"));
     assert!(out.status.success(), "{}", stderr(&out));
-    let got = s.kubectl_ok(&["get", "pod", "p4", "-o", "jsonpath={.spec.overhead.memory} {.spec.nodeSelector.sandbox} {.spec.tolerations[0].key}"]);
+    let got = s.kubectl_ok(&[
+        "get",
+        "pod",
+        "p4",
+        "-o",
+        "jsonpath={.spec.overhead.memory} {.spec.nodeSelector.sandbox} {.spec.tolerations[0].key}",
+    ]);
     assert_eq!(got, "64Mi gvisor sandbox");
 
     // Rejected pods were not stored.

@@ -82,7 +82,7 @@ mod support {
             let log = std::fs::File::create(dir.path().join("etcd.log")).expect("log file");
             let mut child = Command::new("sh")
                 .arg("-c")
-                .arg(r#""$0" "$@" & pid=$!; read _ignored; kill $pid; wait $pid"#)
+                .arg(r#""$0" "$@" & pid=$!; read _ignored; kill $pid; wait $pid; rm -rf "$ETCD_TEST_DIR""#)
                 .arg(ETCD_BIN)
                 .args(["--name", "conformance", "--data-dir"])
                 .arg(dir.path().join("data"))
@@ -92,6 +92,8 @@ mod support {
                 .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &format!("conformance={peer_url}")])
                 .args(["--logger", "zap", "--log-level", "error"])
+                // The shared server's `TempDir` is never dropped; the shell removes it instead.
+                .env("ETCD_TEST_DIR", dir.path())
                 .stdin(Stdio::piped())
                 .stdout(log.try_clone().expect("log file"))
                 .stderr(log)
@@ -703,5 +705,26 @@ mod sqlite_durability {
         assert!(s.current_revision().await.expect("rev") >= max_rev);
         let next = s.create("/after/crash", b"v".to_vec()).await.expect("create");
         assert!(next.mod_revision > max_rev);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd only: connectivity
+
+mod etcd_connectivity {
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn connecting_to_an_etcd_that_is_not_there_is_unavailable() {
+        // A port that was free a moment ago: nothing listens on it.
+        let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        let options = EtcdOptions { key_prefix: String::new(), request_timeout: Duration::from_secs(1) };
+        let started = Instant::now();
+        let res = EtcdStore::connect_with(&[format!("http://127.0.0.1:{port}")], options).await;
+        assert!(matches!(res, Err(StoreError::Unavailable(_))), "{:?}", res.err());
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     }
 }

@@ -26,13 +26,15 @@ impl Server {
 
     pub fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Server { child: None, dir, port: free_port(), extra: extra.iter().map(|s| s.to_string()).collect() };
+        let mut s =
+            Server { child: None, dir, port: free_port(), extra: extra.iter().map(|s| s.to_string()).collect() };
         s.spawn();
         s
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("server.log")).unwrap();
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("server.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_berth"))
             .args(["server", "--data-dir"])
             .arg(self.data_dir())

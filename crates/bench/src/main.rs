@@ -1,0 +1,109 @@
+//! `berth-bench`: latency and throughput of the berth API on SQLite and on etcd, next to raw etcd.
+
+mod api;
+mod etcd_server;
+mod raw_etcd;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use berth_store::etcd::EtcdStore;
+use berth_store::sqlite::SqliteStore;
+use clap::{Args, Parser, Subcommand};
+
+use crate::stats::Figure;
+
+#[derive(Parser)]
+#[command(name = "berth-bench", about = "Benchmarks of the berth control plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The Kubernetes API over SQLite and over etcd, and raw etcd puts, in one run.
+    Api(ApiArgs),
+}
+
+#[derive(Args)]
+struct ApiArgs {
+    /// Samples per latency metric and creates per single-client run (twice that with many).
+    #[arg(long, default_value_t = 400)]
+    ops: usize,
+    /// Objects in the listed collection.
+    #[arg(long, default_value_t = 1000)]
+    list_size: usize,
+    /// How many times that collection is listed.
+    #[arg(long, default_value_t = 20)]
+    list_reps: usize,
+    /// Clients of the concurrent runs.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    etcd_binary: PathBuf,
+    /// Also write the figures here as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Api(args) => api_bench(args).await,
+    }
+}
+
+async fn api_bench(args: ApiArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    anyhow::ensure!(args.ops > 0 && args.concurrency > 0, "--ops and --concurrency must be positive");
+    let settings = api::Settings {
+        ops: args.ops,
+        list_size: args.list_size,
+        list_reps: args.list_reps,
+        concurrency: args.concurrency,
+    };
+    eprintln!("starting etcd ({})", args.etcd_binary.display());
+    let etcd = etcd_server::EtcdServer::start(&args.etcd_binary).await?;
+    let mut figures: Vec<Figure> = Vec::new();
+
+    eprintln!("API on SQLite");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("state.db");
+    let sqlite = tokio::task::spawn_blocking(move || SqliteStore::open(&path)).await?.context("opening SQLite")?;
+    let outcome = api::run("sqlite", Arc::new(sqlite), &settings).await.context("API on SQLite")?;
+    figures.extend(outcome.figures);
+    let value_bytes = outcome.value_bytes;
+
+    eprintln!("API on etcd");
+    let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint)).await.context("connecting to etcd")?;
+    figures.extend(api::run("etcd", Arc::new(store), &settings).await.context("API on etcd")?.figures);
+
+    for clients in [1, args.concurrency] {
+        let total = if clients == 1 { args.ops } else { args.ops * 2 };
+        eprintln!("raw etcd: {total} puts of {value_bytes} bytes, {clients} client(s)");
+        let (lat, elapsed) = raw_etcd::puts(&etcd.endpoint, clients, total, value_bytes).await?;
+        let metric = if clients == 1 { "put (1 client)".to_owned() } else { format!("put ({clients} clients)") };
+        figures.push(Figure::new("etcd raw", &metric, &lat, Some(elapsed)));
+    }
+    drop(etcd);
+
+    let report = report::Report {
+        ops: args.ops,
+        list_size: args.list_size,
+        value_bytes,
+        concurrency: args.concurrency,
+        figures,
+    };
+    report.print();
+    if let Some(path) = &args.json {
+        report.write_json(path).with_context(|| format!("writing {}", path.display()))?;
+        println!("figures written to {}", path.display());
+    }
+    eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
