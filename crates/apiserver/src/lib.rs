@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod objects;
 pub mod openapi;
+pub mod protobuf;
 pub mod request;
 pub mod server;
 pub mod tls;

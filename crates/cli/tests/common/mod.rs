@@ -151,3 +151,51 @@ pub fn stderr(o: &Output) -> String {
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+/// A real etcd (Debian's /usr/bin/etcd) on free loopback ports, killed on drop.
+pub struct Etcd {
+    child: Child,
+    _dir: tempfile::TempDir,
+    pub endpoint: String,
+}
+
+impl Etcd {
+    pub fn start() -> Self {
+        let bin = std::env::var("BERTH_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".into());
+        assert!(std::path::Path::new(&bin).exists(), "etcd not found at {bin}: run scripts/install-deps.sh");
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("http://127.0.0.1:{client}");
+        let child = Command::new(bin)
+            .args(["--name", "berth-test", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-cluster", &format!("berth-test=http://127.0.0.1:{peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting etcd");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = Command::new("curl")
+                .args(["-sf", &format!("{endpoint}/health")])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                break;
+            }
+            assert!(Instant::now() < deadline, "etcd did not become healthy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Etcd { child, _dir: dir, endpoint }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
