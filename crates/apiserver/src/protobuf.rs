@@ -860,3 +860,313 @@ impl<'a> Reader<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn varint(mut v: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+        out
+    }
+    fn key(tag: u32, wire: u8) -> Vec<u8> {
+        varint((u64::from(tag) << 3) | u64::from(wire))
+    }
+    fn len(tag: u32, body: &[u8]) -> Vec<u8> {
+        [key(tag, 2), varint(body.len() as u64), body.to_vec()].concat()
+    }
+    fn s(tag: u32, v: &str) -> Vec<u8> {
+        len(tag, v.as_bytes())
+    }
+    fn int(tag: u32, v: i64) -> Vec<u8> {
+        [key(tag, 0), varint(v as u64)].concat()
+    }
+    fn msg(tag: u32, parts: &[Vec<u8>]) -> Vec<u8> {
+        len(tag, &parts.concat())
+    }
+    /// A map entry whose value is already encoded as field 2.
+    fn entry(tag: u32, k: &str, v: Vec<u8>) -> Vec<u8> {
+        msg(tag, &[s(1, k), v])
+    }
+    /// The body a Go client sends: magic, then runtime.Unknown with empty contentEncoding and contentType.
+    fn envelope(api_version: &str, kind: &str, raw: &[Vec<u8>]) -> Vec<u8> {
+        [MAGIC.to_vec(), msg(1, &[s(1, api_version), s(2, kind)]), msg(2, raw), s(3, ""), s(4, "")].concat()
+    }
+    /// ObjectMeta as Go writes it: every value field, zero or not.
+    fn go_meta(name: &str, labels: &[(&str, &str)]) -> Vec<u8> {
+        let mut parts = vec![s(1, name), s(2, ""), s(3, ""), s(4, ""), s(5, ""), s(6, ""), int(7, 0), msg(8, &[])];
+        parts.extend(labels.iter().map(|(k, v)| entry(11, k, s(2, v))));
+        msg(1, &parts)
+    }
+
+    #[test]
+    fn a_namespace_with_labels_decodes_to_its_json() {
+        let body = envelope(
+            "v1",
+            "Namespace",
+            &[go_meta("team-a", &[("env", "dev"), ("team", "a")]), msg(2, &[]), msg(3, &[s(1, "")])],
+        );
+        let expected = json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "team-a", "creationTimestamp": null, "labels": {"env": "dev", "team": "a"}},
+            "spec": {}, "status": {},
+        });
+        assert_eq!(decode(&body).unwrap(), expected);
+    }
+
+    #[test]
+    fn secret_data_becomes_base64_and_present_zero_pointers_stay() {
+        let body = envelope(
+            "v1",
+            "Secret",
+            &[
+                go_meta("creds", &[]),
+                entry(2, "bin", len(2, &[0, 1, 2, 255])),
+                entry(2, "empty", len(2, b"")),
+                s(3, "Opaque"),
+                entry(4, "plain", s(2, "text")),
+                int(5, 0),
+            ],
+        );
+        let expected = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "creds", "creationTimestamp": null},
+            "data": {"bin": "AAEC/w==", "empty": ""}, "stringData": {"plain": "text"},
+            "type": "Opaque", "immutable": false,
+        });
+        assert_eq!(decode(&body).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_configmap_keeps_data_binary_data_and_immutable() {
+        let body = envelope(
+            "v1",
+            "ConfigMap",
+            &[go_meta("cfg", &[]), entry(2, "a", s(2, "1")), entry(3, "b", len(2, b"hi")), int(4, 1)],
+        );
+        let got = decode(&body).unwrap();
+        assert_eq!(got["data"], json!({"a": "1"}));
+        assert_eq!(got["binaryData"], json!({"b": "aGk="}));
+        assert_eq!(got["immutable"], json!(true));
+    }
+
+    /// `kubectl create deployment web --image=nginx --replicas=2 --port=80`, encoded as Go's marshaller does.
+    fn kubectl_deployment() -> Vec<u8> {
+        let port = msg(6, &[s(1, ""), int(2, 0), int(3, 80), s(4, ""), s(5, "")]);
+        let container = msg(
+            2,
+            &[
+                s(1, "nginx"),
+                s(2, "nginx"),
+                s(5, ""),
+                port,
+                msg(8, &[]),
+                s(13, ""),
+                s(14, ""),
+                int(16, 0),
+                int(17, 0),
+                int(18, 0),
+                s(20, ""),
+            ],
+        );
+        let pod_spec = msg(
+            2,
+            &[
+                container,
+                s(3, ""),
+                s(6, ""),
+                s(8, ""),
+                s(9, ""),
+                s(10, ""),
+                int(11, 0),
+                int(12, 0),
+                int(13, 0),
+                s(16, ""),
+                s(17, ""),
+                s(19, ""),
+                s(24, ""),
+            ],
+        );
+        let spec = msg(
+            2,
+            &[
+                int(1, 2),
+                msg(2, &[entry(1, "app", s(2, "web"))]),
+                msg(3, &[go_meta("", &[("app", "web")]), pod_spec]),
+                msg(4, &[s(1, "")]),
+                int(5, 0),
+                int(7, 0),
+            ],
+        );
+        let status = msg(3, &[int(1, 0), int(2, 0), int(3, 0), int(4, 0), int(5, 0), int(7, 0)]);
+        envelope("apps/v1", "Deployment", &[go_meta("web", &[("app", "web")]), spec, status])
+    }
+
+    #[test]
+    fn a_deployment_as_kubectl_create_sends_it_decodes_to_kubectls_json() {
+        let expected = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "creationTimestamp": null, "labels": {"app": "web"}},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"creationTimestamp": null, "labels": {"app": "web"}},
+                    "spec": {"containers": [
+                        {"name": "nginx", "image": "nginx", "ports": [{"containerPort": 80}], "resources": {}},
+                    ]},
+                },
+                "strategy": {},
+            },
+            "status": {},
+        });
+        assert_eq!(decode(&kubectl_deployment()).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_truncated_body_is_an_error_at_every_cut() {
+        let body = kubectl_deployment();
+        // Everything up to the end of `raw` is needed; later cuts only lose the trailing content fields.
+        let raw_end = body.len() - s(3, "").len() - s(4, "").len();
+        for cut in MAGIC.len()..raw_end {
+            let err = decode(&body[..cut]).expect_err(&format!("cut at {cut}"));
+            assert!(!err.is_empty());
+        }
+        assert!(decode(&body[..raw_end - 1]).unwrap_err().contains("truncated"));
+        for cut in 0..body.len() {
+            let _ = decode(&body[..cut]);
+        }
+    }
+
+    #[test]
+    fn an_unknown_kind_is_an_error_naming_it() {
+        let err = decode(&envelope("example.com/v1", "Widget", &[go_meta("w", &[])])).unwrap_err();
+        assert!(err.contains("example.com/v1 Widget"), "{err}");
+        let err = decode(&envelope("v1", "", &[])).unwrap_err();
+        assert!(err.contains("no kind"), "{err}");
+    }
+
+    #[test]
+    fn a_body_without_the_magic_or_with_compression_is_an_error() {
+        assert!(decode(b"{\"kind\":\"Namespace\"}").unwrap_err().contains("magic"));
+        let gzipped = [MAGIC.to_vec(), msg(1, &[s(1, "v1"), s(2, "Namespace")]), msg(2, &[]), s(3, "gzip")].concat();
+        assert!(decode(&gzipped).unwrap_err().contains("gzip"));
+    }
+
+    #[test]
+    fn a_field_with_the_wrong_wire_type_is_an_error_naming_its_path() {
+        let body = envelope("v1", "Namespace", &[msg(1, &[int(1, 5)])]);
+        let err = decode(&body).unwrap_err();
+        assert!(err.contains("metadata: name: wire type 0"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_of_every_wire_type_are_skipped() {
+        let fixed64 = [key(90, 1), vec![1; 8]].concat();
+        let fixed32 = [key(91, 5), vec![2; 4]].concat();
+        let group = [key(92, 3), int(1, 7), key(3, 3), s(2, "x"), key(3, 4), key(92, 4)].concat();
+        let meta = msg(1, &[int(99, 12345), fixed64.clone(), s(1, "cm"), fixed32.clone(), group.clone(), s(98, "?")]);
+        let body = envelope("v1", "ConfigMap", &[meta, fixed64, fixed32, group, entry(2, "k", s(2, "v"))]);
+        let got = decode(&body).unwrap();
+        assert_eq!(got, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"k": "v"}}));
+    }
+
+    #[test]
+    fn times_render_as_rfc3339_and_zero_times_as_null() {
+        let meta = msg(
+            1,
+            &[s(1, "l"), msg(8, &[int(1, 1_704_164_645)]), msg(9, &[int(1, GO_ZERO_TIME), int(2, 0)])],
+        );
+        let spec = msg(
+            2,
+            &[
+                s(1, "node-1"),
+                int(2, 0),
+                msg(3, &[int(1, 1_704_164_645), int(2, 123_456_789)]),
+                msg(4, &[int(1, 1_704_164_645)]),
+            ],
+        );
+        let got = decode(&envelope("coordination.k8s.io/v1", "Lease", &[meta, spec])).unwrap();
+        assert_eq!(got["metadata"], json!({"name": "l", "creationTimestamp": "2024-01-02T03:04:05Z", "deletionTimestamp": null}));
+        assert_eq!(
+            got["spec"],
+            json!({
+                "holderIdentity": "node-1", "leaseDurationSeconds": 0,
+                "acquireTime": "2024-01-02T03:04:05.123456Z", "renewTime": "2024-01-02T03:04:05.000000Z",
+            })
+        );
+    }
+
+    #[test]
+    fn int_or_strings_quantities_and_negative_ints_decode() {
+        let container = msg(
+            2,
+            &[
+                s(1, "app"),
+                msg(8, &[entry(1, "cpu", msg(2, &[s(1, "500m")])), entry(2, "memory", msg(2, &[s(1, "64Mi")]))]),
+            ],
+        );
+        let template = msg(3, &[msg(2, &[container, int(25, -5), int(4, 30)])]);
+        let rolling = msg(2, &[msg(1, &[int(1, 0), int(2, 1)]), msg(2, &[int(1, 1), s(3, "25%")])]);
+        let spec = msg(2, &[int(1, 0), template, msg(4, &[s(1, "RollingUpdate"), rolling]), int(6, 10)]);
+        let got = decode(&envelope("apps/v1", "Deployment", &[spec])).unwrap();
+        assert_eq!(got["spec"]["replicas"], json!(0));
+        assert_eq!(got["spec"]["revisionHistoryLimit"], json!(10));
+        assert_eq!(
+            got["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": "25%"}})
+        );
+        let pod = &got["spec"]["template"]["spec"];
+        assert_eq!(pod["priority"], json!(-5));
+        assert_eq!(pod["terminationGracePeriodSeconds"], json!(30));
+        assert_eq!(pod["containers"][0]["resources"], json!({"limits": {"cpu": "500m"}, "requests": {"memory": "64Mi"}}));
+    }
+
+    #[test]
+    fn embedded_go_structs_are_inlined_into_their_parent() {
+        let env = msg(
+            7,
+            &[s(1, "MODE"), msg(3, &[msg(3, &[msg(1, &[s(1, "cfg")]), s(2, "mode"), int(3, 1)])])],
+        );
+        let probe = msg(11, &[msg(1, &[msg(2, &[s(1, "/healthz"), msg(2, &[int(1, 1), s(3, "http")])])]), int(4, 5)]);
+        let container = msg(2, &[s(1, "app"), env, probe]);
+        let volume = msg(1, &[s(1, "config"), msg(2, &[msg(19, &[msg(1, &[s(1, "cfg")]), int(3, 0o644)])])]);
+        let body = envelope("v1", "Pod", &[msg(2, &[volume, container])]);
+        let spec = &decode(&body).unwrap()["spec"];
+        assert_eq!(spec["volumes"], json!([{"name": "config", "configMap": {"name": "cfg", "defaultMode": 420}}]));
+        assert_eq!(
+            spec["containers"][0]["env"],
+            json!([{"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": true}}}])
+        );
+        assert_eq!(
+            spec["containers"][0]["readinessProbe"],
+            json!({"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5})
+        );
+    }
+
+    #[test]
+    fn service_accounts_and_role_bindings_decode() {
+        let sa = envelope(
+            "v1",
+            "ServiceAccount",
+            &[go_meta("bot", &[]), msg(2, &[s(3, "bot-token")]), msg(3, &[s(1, "regcred")]), int(4, 0)],
+        );
+        let got = decode(&sa).unwrap();
+        assert_eq!(got["secrets"], json!([{"name": "bot-token"}]));
+        assert_eq!(got["imagePullSecrets"], json!([{"name": "regcred"}]));
+        assert_eq!(got["automountServiceAccountToken"], json!(false));
+
+        let subject = msg(2, &[s(1, "ServiceAccount"), s(2, ""), s(3, "bot"), s(4, "default")]);
+        let role_ref = msg(3, &[s(1, "rbac.authorization.k8s.io"), s(2, "ClusterRole"), s(3, "view")]);
+        let got = decode(&envelope(RBAC, "ClusterRoleBinding", &[go_meta("b", &[]), subject, role_ref])).unwrap();
+        assert_eq!(got["subjects"], json!([{"kind": "ServiceAccount", "name": "bot", "namespace": "default"}]));
+        assert_eq!(got["roleRef"], json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"}));
+    }
+}

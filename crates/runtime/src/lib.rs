@@ -1,0 +1,1 @@
+//! The CRI v1 runtime: serves ImageService (and RuntimeService) on a unix socket.
