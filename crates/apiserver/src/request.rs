@@ -161,7 +161,8 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> 
     let value: Value = match ct.as_str() {
         "application/yaml" | "application/x-yaml" | "text/yaml" => serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))?,
-        "application/vnd.kubernetes.protobuf" => return Err(ApiError::unsupported_media_type(&ct)),
+        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body)
+            .map_err(|e| ApiError::bad_request(format!("failed to decode protobuf body: {e}")))?,
         _ => serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}")))?,
     };

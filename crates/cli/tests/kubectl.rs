@@ -199,3 +199,32 @@ fn unknown_fields_are_rejected_by_kubectl_strict_validation() {
     assert!(stderr(&out).contains("unknown field \"spec.bogusField\""), "{}", stderr(&out));
     assert!(s.kubectl_ok(&["get", "pods", "-o", "name"]).trim().is_empty());
 }
+
+#[test]
+fn kubectl_create_generators_and_scale_work() {
+    let s = Server::start();
+    // These commands send protobuf bodies.
+    assert!(
+        s.kubectl_ok(&["create", "deployment", "web", "--image=nginx", "--replicas=2", "--port=80"])
+            .contains("created")
+    );
+    assert!(s.kubectl_ok(&["create", "configmap", "cfg", "--from-literal=a=b"]).contains("created"));
+    assert!(s.kubectl_ok(&["create", "secret", "generic", "sec", "--from-literal=pw=s3cret"]).contains("created"));
+    assert!(s.kubectl_ok(&["create", "serviceaccount", "bot"]).contains("created"));
+    assert_eq!(s.kubectl_ok(&["get", "secret", "sec", "-o", "jsonpath={.data.pw}"]), "czNjcmV0");
+    assert_eq!(s.kubectl_ok(&["get", "cm", "cfg", "-o", "jsonpath={.data.a}"]), "b");
+    let d = s.kubectl_ok(&[
+        "get",
+        "deployment",
+        "web",
+        "-o",
+        "jsonpath={.spec.replicas} {.spec.template.spec.containers[0].ports[0].containerPort}",
+    ]);
+    assert_eq!(d, "2 80");
+    assert!(s.kubectl_ok(&["scale", "deployment", "web", "--replicas=5"]).contains("scaled"));
+    assert_eq!(s.kubectl_ok(&["get", "deployment", "web", "-o", "jsonpath={.spec.replicas}"]), "5");
+    let table = s.kubectl_ok(&["get", "deployments,configmaps,secrets,serviceaccounts"]);
+    for want in ["deployment.apps/web", "configmap/cfg", "secret/sec", "serviceaccount/bot", "UP-TO-DATE"] {
+        assert!(table.contains(want), "missing {want} in:\n{table}");
+    }
+}
