@@ -1,4 +1,93 @@
 //! Test environment for berth's own tests and benchmarks: a real registry (Debian's
 //! `docker-registry`) on loopback with images generated here, optionally behind basic auth or a
-//! token server of our own with TLS; never used at run time.
-// SKELETON: the API below is the contract; bodies are to be implemented.
+//! token server of our own, optionally over TLS; plus etcd. Never used at run time.
+//!
+//! # Registry
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use berth_testenv::{Registry, images::Platform};
+//! let reg = Registry::start();                       // plain HTTP on 127.0.0.1:<free port>
+//! let set = reg.push_standard_set().await;           // busybox, multi (index), zstd, plain, ...
+//! let r = &set.busybox.reference;                    // "127.0.0.1:PORT/busybox:latest"
+//! let digest = set.busybox.digest();                 // manifest digest the registry serves
+//! let diff_ids = set.busybox.image.diff_ids();       // what an unpacker must compute
+//! let arm = set.multi.index.image_for(&Platform::parse("linux/arm64/v8")).unwrap();
+//! std::fs::write(reg.blob_path(&set.zstd.image.layers[0].digest), b"corrupt").unwrap();
+//! # let _ = (r, digest, diff_ids, arm); }
+//! ```
+//!
+//! - `Registry::start()`, `start_basic_auth(u, p)`, `start_token_auth(u, p)`, `start_tls()`, or
+//!   `Registry::builder().token_auth(u, p).public_repo("library/").tls().start()`. Starting is
+//!   synchronous (fine inside `#[tokio::test]`; it takes ~50 ms); pushing is async (reqwest);
+//!   [`block_on`] runs any of it from sync code (benchmarks, `OnceLock` initialisers).
+//!   The registry runs under a watchdog shell that kills it and deletes its temp dir when the
+//!   test process dies even without `Drop`, so sharing one through a `static` is fine.
+//! - `host()`, `base_url()`, `url(path)`, `reference(name)`, `client()` (trusts `ca_pem()`),
+//!   `credentials()`, `token_server()`, `blob_path(digest)`, `root()`, `log()`, `stop()`.
+//! - `push_image(repo, tag, &Image)`, `push_index(repo, tag, &Index)` (pushes the index's images
+//!   by digest first), `push_blob`, `push_manifest`; they authenticate as the registry requires.
+//! - `push_standard_set()` → [`StandardSet`]; `push_big(size_mb)` → `big:1.0` for benchmarks;
+//!   `push_pause()` → `pause:3.9` (static pause compiled from `c/pause.c` with `cc`).
+//!
+//! Token auth: anonymous requests to the registry get `401` with
+//! `WWW-Authenticate: Bearer realm="http://127.0.0.1:P/token",service="berth-testenv-registry",scope=…`;
+//! `GET realm?service=…&scope=repository:NAME:pull` with the right basic credentials returns
+//! `{"token": …}` (ES256 JWT, `kid` = libtrust key ID of the key in `rootcertbundle`); wrong
+//! credentials get 401; no credentials get a token without access (pull on `public_repo`s).
+//!
+//! # Images
+//!
+//! [`images`] builds layers from [`images::LayerBuilder`] entries (files with mode/uid/gid, dirs,
+//! symlinks, hardlinks, whiteouts, opaque dirs), compresses them (gzip, zstd, none), and builds
+//! configs, manifests and indexes in OCI or Docker schema 2 media types, all deterministic.
+//! [`images::busybox_layer`] is a runnable rootfs from Debian's static busybox.
+//!
+//! # etcd
+//!
+//! `Etcd::start()` → `endpoint()` (`http://127.0.0.1:PORT`), killed and deleted on drop.
+//!
+//! Needs the Debian packages `docker-registry`, `apache2-utils` (basic auth), `busybox-static`
+//! and `etcd-server` (all in `scripts/install-deps.sh`); a missing one fails the test loudly.
+
+pub mod daemon;
+pub mod etcd;
+pub mod images;
+pub mod registry;
+pub mod standard;
+pub mod tls;
+pub mod token;
+
+pub use etcd::Etcd;
+pub use registry::{PushedImage, PushedIndex, Registry, RegistryAuth, RegistryBuilder};
+pub use standard::StandardSet;
+pub use token::TokenServer;
+
+/// Runs a future to completion on a fresh current-thread runtime in a scoped thread, so sync
+/// code (and code already inside a runtime) can call the async pushes:
+/// `let set = berth_testenv::block_on(reg.push_standard_set());`.
+pub fn block_on<F>(fut: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime").block_on(fut)
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    fn shareable<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_are_send_and_sync() {
+        shareable::<crate::Registry>();
+        shareable::<crate::Etcd>();
+        shareable::<crate::StandardSet>();
+    }
+}
