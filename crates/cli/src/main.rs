@@ -19,6 +19,10 @@ struct Cli {
 enum Command {
     /// Serve the Kubernetes API (control plane) on the embedded store or etcd.
     Server(commands::server::Args),
+    /// Serve CRI (images per runtime handler) on a unix socket for runc, crun and gVisor.
+    Runtime(commands::runtime::Args),
+    /// Talk to a CRI runtime, as crictl does: pull, images, rmi, inspecti, info, version.
+    Cri(commands::cri::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -28,6 +32,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Server(args) => commands::server::run(args).await,
+            Command::Runtime(args) => commands::runtime::run(args).await,
+            Command::Cri(args) => commands::cri::run(args).await,
         }
     })
 }

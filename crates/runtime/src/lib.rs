@@ -1,1 +1,14 @@
 //! The CRI v1 runtime: serves ImageService (and RuntimeService) on a unix socket.
+//!
+//! [`config`] reads the handlers and their guest platforms, [`cri`] implements the services on
+//! top of `berth_image::Images`, [`server`] listens on the socket.
+
+pub mod config;
+pub mod cri;
+pub mod server;
+
+/// berth's own gRPC services served next to CRI (`berth.runtime.v1`): the streaming pull.
+pub mod proto {
+    #![allow(clippy::all)]
+    tonic::include_proto!("berth.runtime.v1");
+}

@@ -1,3 +1,5 @@
 //! One module per subcommand, each with its arguments and its `run`.
 
+pub mod cri;
+pub mod runtime;
 pub mod server;

@@ -1,0 +1,586 @@
+//! The runtime's TOML configuration file: socket, store root, runtime handlers with their guest
+//! platforms, CNI directories and registry hosts; parsing, defaults, discovery and validation.
+//!
+//! ```toml
+//! socket = "/run/berth/runtime.sock"
+//! root = "/var/lib/berth/runtime"
+//! default_handler = "runc"
+//! [handlers.gvisor]
+//! binary = "runsc"
+//! args = ["--platform=ptrace", "--network=host"]
+//! platform = "linux/amd64"
+//! [registries."127.0.0.1:5000"]
+//! insecure = true
+//! ```
+//!
+//! A file without `[handlers]` (or no file at the default path) gets the handlers found on PATH:
+//! `runc`, `crun` and `gvisor` (runsc), each with the host's platform.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use berth_image::{ImagesConfig, Platform, RegistryHost};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/berth/runtime.toml";
+pub const DEFAULT_SOCKET: &str = "/run/berth/runtime.sock";
+pub const DEFAULT_ROOT: &str = "/var/lib/berth/runtime";
+pub const DEFAULT_HANDLER: &str = "runc";
+pub const DEFAULT_CNI_CONF_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_CNI_BIN_DIRS: [&str; 2] = ["/usr/lib/cni", "/opt/cni/bin"];
+
+/// The handlers `berth runtime` configures by itself when the file names none:
+/// (handler name, binary, global args).
+const KNOWN_RUNTIMES: [(&str, &str, &[&str]); 3] =
+    [("runc", "runc", &[]), ("crun", "crun", &[]), ("gvisor", "runsc", &["--platform=ptrace", "--network=host"])];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse config file {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A value is wrong; `key` is its dotted path in the file (`handlers.gvisor.platform`).
+    #[error("{key}: {reason}")]
+    Invalid { key: String, reason: String },
+    #[error("no runtime handler configured and none of runc, crun, runsc found on PATH")]
+    NoHandlers,
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), reason: reason.into() }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The CRI unix socket.
+    pub socket: PathBuf,
+    /// State root: images under `images/`, and (next) sandboxes and containers beside them.
+    pub root: PathBuf,
+    /// The handler an empty `runtime_handler` means; always a key of `handlers`.
+    pub default_handler: String,
+    pub handlers: BTreeMap<String, Handler>,
+    pub cni: Cni,
+    /// Registry host (`docker.io`, `127.0.0.1:5000`) → mirrors, TLS settings.
+    pub registries: BTreeMap<String, RegistryHost>,
+}
+
+/// One runtime handler: the OCI runtime a RuntimeClass names, and its guest platform.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handler {
+    pub name: String,
+    /// Name on PATH or absolute path of the OCI runtime binary.
+    pub binary: PathBuf,
+    /// Global flags put before the subcommand.
+    pub args: Vec<String>,
+    /// The runtime's own state dir (`--root`), if not its default.
+    pub root: Option<PathBuf>,
+    /// Guest platform images are chosen for: the configured one, else the host's.
+    pub platform: Platform,
+    /// Pod and container annotations passed into the OCI spec.
+    pub allowed_annotations: Vec<String>,
+    /// Whether privileged pods may use this handler.
+    pub privileged: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cni {
+    /// Where conflists are read from (a default one is written here if none exists).
+    #[serde(default = "default_cni_conf_dir")]
+    pub conf_dir: PathBuf,
+    /// Where plugin binaries are looked up, in order.
+    #[serde(default = "default_cni_bin_dirs")]
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+impl Default for Cni {
+    fn default() -> Self {
+        Cni { conf_dir: default_cni_conf_dir(), bin_dirs: default_cni_bin_dirs() }
+    }
+}
+
+fn default_cni_conf_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_CNI_CONF_DIR)
+}
+
+fn default_cni_bin_dirs() -> Vec<PathBuf> {
+    DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect()
+}
+
+/// The file as written; [`Config::from_file`] validates it into a [`Config`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    socket: Option<PathBuf>,
+    root: Option<PathBuf>,
+    default_handler: Option<String>,
+    #[serde(default)]
+    handlers: BTreeMap<String, HandlerFile>,
+    #[serde(default)]
+    cni: Cni,
+    #[serde(default)]
+    registries: BTreeMap<String, RegistryHostFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HandlerFile {
+    binary: PathBuf,
+    #[serde(default)]
+    args: Vec<String>,
+    root: Option<PathBuf>,
+    platform: Option<String>,
+    #[serde(default)]
+    os_version: String,
+    #[serde(default)]
+    os_features: Vec<String>,
+    #[serde(default)]
+    allowed_annotations: Vec<String>,
+    #[serde(default)]
+    privileged: bool,
+}
+
+/// `RegistryHost` with unknown keys rejected (a misspelt `insecure` must not pass silently).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegistryHostFile {
+    #[serde(default)]
+    mirrors: Vec<String>,
+    #[serde(default)]
+    insecure: bool,
+    #[serde(default)]
+    ca_files: Vec<PathBuf>,
+}
+
+impl Config {
+    /// Loads `path`. A missing file is an error when `explicit` (the user named it), otherwise the
+    /// defaults with the handlers found on PATH.
+    pub fn load(path: &Path, explicit: bool) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::from_toml(&text, &discovery_path()).map_err(|e| match e {
+                ConfigError::Parse { source, .. } => ConfigError::Parse { path: path.to_owned(), source },
+                other => other,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Config::from_toml("", &discovery_path()),
+            Err(source) => Err(ConfigError::Read { path: path.to_owned(), source }),
+        }
+    }
+
+    /// Parses and validates a config file's text. `search_path` (a `PATH`-style list) is where
+    /// handlers are discovered when the file configures none.
+    pub fn from_toml(text: &str, search_path: &OsStr) -> Result<Config, ConfigError> {
+        let file: File = toml::from_str(text)
+            .map_err(|source| ConfigError::Parse { path: PathBuf::from("<text>"), source: Box::new(source) })?;
+        Config::from_file(file, search_path)
+    }
+
+    fn from_file(file: File, search_path: &OsStr) -> Result<Config, ConfigError> {
+        let socket = file.socket.unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        let root = file.root.unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT));
+        for (key, path) in [("socket", &socket), ("root", &root)] {
+            if !path.is_absolute() {
+                return Err(invalid(key, format!("{} is not an absolute path", path.display())));
+            }
+        }
+
+        let mut handlers = BTreeMap::new();
+        for (name, h) in file.handlers {
+            let handler = validate_handler(&name, h)?;
+            handlers.insert(name, handler);
+        }
+        let discovered = handlers.is_empty();
+        if discovered {
+            handlers = discover_handlers(search_path);
+            if handlers.is_empty() {
+                return Err(ConfigError::NoHandlers);
+            }
+        }
+
+        let default_handler = match file.default_handler {
+            Some(name) => {
+                if !handlers.contains_key(&name) {
+                    let known: Vec<_> = handlers.keys().map(String::as_str).collect();
+                    return Err(invalid(
+                        "default_handler",
+                        format!("{name:?} is not a configured handler (configured: {})", known.join(", ")),
+                    ));
+                }
+                name
+            }
+            // Discovered handlers may lack runc; fall back to the first one found.
+            None if discovered && !handlers.contains_key(DEFAULT_HANDLER) => KNOWN_RUNTIMES
+                .iter()
+                .map(|(n, ..)| n.to_string())
+                .find(|n| handlers.contains_key(n))
+                .unwrap_or_default(),
+            None => {
+                if !handlers.contains_key(DEFAULT_HANDLER) {
+                    let known: Vec<_> = handlers.keys().map(String::as_str).collect();
+                    return Err(invalid(
+                        "default_handler",
+                        format!(
+                            "not set and no handler is named {DEFAULT_HANDLER:?} (configured: {})",
+                            known.join(", ")
+                        ),
+                    ));
+                }
+                DEFAULT_HANDLER.to_string()
+            }
+        };
+
+        let mut registries = BTreeMap::new();
+        for (host, r) in file.registries {
+            if host.is_empty() || host.contains('/') || host.contains(char::is_whitespace) {
+                return Err(invalid(format!("registries.{host:?}"), "not a registry host (host[:port])"));
+            }
+            for (i, m) in r.mirrors.iter().enumerate() {
+                if m.is_empty() || m.contains(char::is_whitespace) {
+                    return Err(invalid(format!("registries.{host:?}.mirrors[{i}]"), format!("invalid mirror {m:?}")));
+                }
+            }
+            registries.insert(host, RegistryHost { mirrors: r.mirrors, insecure: r.insecure, ca_files: r.ca_files });
+        }
+
+        Ok(Config { socket, root, default_handler, handlers, cni: file.cni, registries })
+    }
+
+    /// `""` means the default handler; unknown names give `None`.
+    pub fn handler(&self, name: &str) -> Option<&Handler> {
+        let name = if name.is_empty() { &self.default_handler } else { name };
+        self.handlers.get(name)
+    }
+
+    /// Where the image store lives.
+    pub fn images_root(&self) -> PathBuf {
+        self.root.join("images")
+    }
+
+    /// What the image store needs from this config.
+    pub fn images_config(&self) -> ImagesConfig {
+        ImagesConfig {
+            root: self.images_root(),
+            handlers: self.handlers.iter().map(|(n, h)| (n.clone(), h.platform.clone())).collect(),
+            default_handler: self.default_handler.clone(),
+            registries: self.registries.clone(),
+        }
+    }
+}
+
+fn validate_handler(name: &str, h: HandlerFile) -> Result<Handler, ConfigError> {
+    if !is_dns_label(name) {
+        return Err(invalid(
+            format!("handlers.{name:?}"),
+            "handler name must be a DNS label (lowercase letters, digits and '-', at most 63)",
+        ));
+    }
+    let key = |field: &str| format!("handlers.{name}.{field}");
+    if h.binary.as_os_str().is_empty() {
+        return Err(invalid(key("binary"), "must not be empty"));
+    }
+    if h.binary.components().count() > 1 && !h.binary.is_absolute() {
+        return Err(invalid(
+            key("binary"),
+            format!("{} must be a name on PATH or an absolute path", h.binary.display()),
+        ));
+    }
+    if let Some(root) = &h.root
+        && !root.is_absolute()
+    {
+        return Err(invalid(key("root"), format!("{} is not an absolute path", root.display())));
+    }
+    let mut platform = match &h.platform {
+        Some(p) => parse_platform(p).ok_or_else(|| invalid(key("platform"), format!("invalid platform {p:?}")))?,
+        None => host_platform(),
+    };
+    if !h.os_version.is_empty() {
+        platform.os_version = Some(h.os_version);
+    }
+    for (i, f) in h.os_features.iter().enumerate() {
+        if f.is_empty() {
+            return Err(invalid(format!("{}[{i}]", key("os_features")), "must not be empty"));
+        }
+    }
+    platform.os_features = h.os_features;
+    for (i, a) in h.allowed_annotations.iter().enumerate() {
+        if a.is_empty() {
+            return Err(invalid(format!("{}[{i}]", key("allowed_annotations")), "must not be empty"));
+        }
+    }
+    Ok(Handler {
+        name: name.to_string(),
+        binary: h.binary,
+        args: h.args,
+        root: h.root,
+        platform,
+        allowed_annotations: h.allowed_annotations,
+        privileged: h.privileged,
+    })
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// `os/architecture[/variant]`, each part lowercase letters, digits, `_`, `.` or `-`, in its
+/// canonical OCI spelling. Stricter than `Platform::parse`, which completes `linux` from the host:
+/// a hand-written guest platform names both parts.
+pub fn parse_platform(s: &str) -> Option<Platform> {
+    let parts: Vec<&str> = s.split('/').collect();
+    let ok = |p: &str| {
+        !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+    };
+    if !(2..=3).contains(&parts.len()) || !parts.iter().all(|p| ok(p)) {
+        return None;
+    }
+    Platform::parse(s).ok()
+}
+
+/// The platform this process runs on, in OCI spelling.
+pub fn host_platform() -> Platform {
+    Platform::host()
+}
+
+fn discovery_path() -> std::ffi::OsString {
+    std::env::var_os("PATH").unwrap_or_default()
+}
+
+/// runc, crun and runsc found in `search_path`, configured with their defaults.
+fn discover_handlers(search_path: &OsStr) -> BTreeMap<String, Handler> {
+    KNOWN_RUNTIMES
+        .iter()
+        .filter(|(_, binary, _)| find_on_path(binary, search_path).is_some())
+        .map(|(name, binary, args)| {
+            let handler = Handler {
+                name: name.to_string(),
+                binary: PathBuf::from(binary),
+                args: args.iter().map(|a| a.to_string()).collect(),
+                root: None,
+                platform: host_platform(),
+                allowed_annotations: Vec::new(),
+                privileged: false,
+            };
+            (name.to_string(), handler)
+        })
+        .collect()
+}
+
+/// The executable `name` in one of `search_path`'s directories.
+pub fn find_on_path(name: &str, search_path: &OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(search_path)
+        .map(|dir| dir.join(name))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, OsStr::new(""))
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    const FULL: &str = r#"
+socket = "/run/berth/test.sock"
+root = "/var/lib/berth/test"
+default_handler = "runc"
+[handlers.runc]
+binary = "runc"
+[handlers.gvisor]
+binary = "runsc"
+args = ["--platform=ptrace", "--network=host"]
+root = "/run/berth/runsc"
+platform = "linux/arm64/v8"
+os_version = "10.0.17763"
+os_features = ["win32k"]
+allowed_annotations = ["dev.gvisor.*"]
+privileged = true
+[cni]
+conf_dir = "/etc/cni/test.d"
+bin_dirs = ["/opt/cni/bin"]
+[registries."docker.io"]
+mirrors = ["http://127.0.0.1:5000"]
+[registries."127.0.0.1:5000"]
+insecure = true
+ca_files = ["/etc/ssl/extra.pem"]
+"#;
+
+    #[test]
+    fn every_documented_key_is_read() {
+        let c = parse(FULL).unwrap();
+        assert_eq!(c.socket, Path::new("/run/berth/test.sock"));
+        assert_eq!(c.root, Path::new("/var/lib/berth/test"));
+        assert_eq!(c.default_handler, "runc");
+        let g = &c.handlers["gvisor"];
+        assert_eq!(g.binary, Path::new("runsc"));
+        assert_eq!(g.args, ["--platform=ptrace", "--network=host"]);
+        assert_eq!(g.root.as_deref(), Some(Path::new("/run/berth/runsc")));
+        assert_eq!(
+            g.platform,
+            Platform {
+                os: "linux".into(),
+                architecture: "arm64".into(),
+                variant: Some("v8".into()),
+                os_version: Some("10.0.17763".into()),
+                os_features: vec!["win32k".into()],
+            }
+        );
+        assert_eq!(g.allowed_annotations, ["dev.gvisor.*"]);
+        assert!(g.privileged);
+        assert_eq!(c.handlers["runc"].platform, host_platform());
+        assert!(!c.handlers["runc"].privileged);
+        assert_eq!(c.cni.conf_dir, Path::new("/etc/cni/test.d"));
+        assert_eq!(c.cni.bin_dirs, [Path::new("/opt/cni/bin")]);
+        assert_eq!(c.registries["docker.io"].mirrors, ["http://127.0.0.1:5000"]);
+        assert!(c.registries["127.0.0.1:5000"].insecure);
+        assert_eq!(c.registries["127.0.0.1:5000"].ca_files, [Path::new("/etc/ssl/extra.pem")]);
+        assert_eq!(c.images_config().handlers["gvisor"], g.platform);
+        assert_eq!(c.images_config().root, Path::new("/var/lib/berth/test/images"));
+    }
+
+    #[test]
+    fn defaults_fill_what_the_file_leaves_out() {
+        let c = parse("[handlers.runc]\nbinary = \"runc\"\n").unwrap();
+        assert_eq!(c.socket, Path::new(DEFAULT_SOCKET));
+        assert_eq!(c.root, Path::new(DEFAULT_ROOT));
+        assert_eq!(c.default_handler, "runc");
+        assert_eq!(c.cni, Cni::default());
+        assert_eq!(c.cni.bin_dirs, [Path::new("/usr/lib/cni"), Path::new("/opt/cni/bin")]);
+        assert!(c.registries.is_empty());
+    }
+
+    #[test]
+    fn empty_handler_name_means_the_default_handler() {
+        let c = parse(FULL).unwrap();
+        assert_eq!(c.handler("").unwrap().name, "runc");
+        assert_eq!(c.handler("gvisor").unwrap().name, "gvisor");
+        assert!(c.handler("kata").is_none());
+    }
+
+    #[test]
+    fn invalid_platform_names_the_key() {
+        let text = "[handlers.runc]\nbinary = \"runc\"\n[handlers.gvisor]\nbinary = \"runsc\"\nplatform = \"linux\"\n";
+        assert_eq!(err(text), r#"handlers.gvisor.platform: invalid platform "linux""#);
+        let text = "[handlers.runc]\nbinary = \"runc\"\nplatform = \"linux/amd64/v1/x\"\n";
+        assert_eq!(err(text), r#"handlers.runc.platform: invalid platform "linux/amd64/v1/x""#);
+        let text = "[handlers.runc]\nbinary = \"runc\"\nplatform = \"Linux/amd64\"\n";
+        assert!(err(text).starts_with("handlers.runc.platform: "));
+    }
+
+    #[test]
+    fn default_handler_must_be_configured() {
+        let text = "default_handler = \"kata\"\n[handlers.runc]\nbinary = \"runc\"\n";
+        assert_eq!(err(text), r#"default_handler: "kata" is not a configured handler (configured: runc)"#);
+        let text = "[handlers.crun]\nbinary = \"crun\"\n";
+        assert!(err(text).starts_with("default_handler: not set"), "{}", err(text));
+        let c = parse("default_handler = \"crun\"\n[handlers.crun]\nbinary = \"crun\"\n").unwrap();
+        assert_eq!(c.default_handler, "crun");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(err("socket = \"run/x.sock\"\n"), "socket: run/x.sock is not an absolute path");
+        assert_eq!(err("root = \"x\"\n"), "root: x is not an absolute path");
+        assert!(err("[handlers.Runc]\nbinary = \"runc\"\n").starts_with(r#"handlers."Runc": handler name"#));
+        assert_eq!(err("[handlers.runc]\nbinary = \"\"\n"), "handlers.runc.binary: must not be empty");
+        assert_eq!(
+            err("[handlers.runc]\nbinary = \"bin/runc\"\n"),
+            "handlers.runc.binary: bin/runc must be a name on PATH or an absolute path"
+        );
+        assert_eq!(
+            err("[handlers.runc]\nbinary = \"runc\"\nroot = \"state\"\n"),
+            "handlers.runc.root: state is not an absolute path"
+        );
+        let text = "[handlers.runc]\nbinary = \"runc\"\n[registries.\"docker.io\"]\nmirrors = [\"\"]\n";
+        assert_eq!(err(text), r#"registries."docker.io".mirrors[0]: invalid mirror """#);
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_rejected() {
+        let e = parse("[handlers.runc]\nbinary = \"runc\"\nprivilegd = true\n").unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { .. }));
+        assert!(std::error::Error::source(&e).unwrap().to_string().contains("privilegd"));
+        let e = parse("[handlers.runc]\nbinary = \"runc\"\n[registries.\"docker.io\"]\ninsecur = true\n").unwrap_err();
+        assert!(std::error::Error::source(&e).unwrap().to_string().contains("insecur"));
+        assert!(matches!(parse("socket = 3\n").unwrap_err(), ConfigError::Parse { .. }));
+    }
+
+    fn fake_path(binaries: &[&str]) -> tempfile::TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for b in binaries {
+            let p = dir.path().join(b);
+            std::fs::write(&p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn handlers_found_on_path_are_configured_when_the_file_names_none() {
+        let dir = fake_path(&["runc", "runsc"]);
+        std::fs::write(dir.path().join("crun"), "not executable").unwrap();
+        let c = Config::from_toml("", dir.path().as_os_str()).unwrap();
+        assert_eq!(c.handlers.keys().collect::<Vec<_>>(), ["gvisor", "runc"]);
+        assert_eq!(c.default_handler, "runc");
+        assert_eq!(c.handlers["gvisor"].binary, Path::new("runsc"));
+        assert_eq!(c.handlers["gvisor"].args, ["--platform=ptrace", "--network=host"]);
+        assert_eq!(c.handlers["gvisor"].platform, host_platform());
+        assert!(c.handlers["runc"].args.is_empty());
+    }
+
+    #[test]
+    fn discovery_without_runc_defaults_to_the_first_runtime_found() {
+        let dir = fake_path(&["crun", "runsc"]);
+        let c = Config::from_toml("", dir.path().as_os_str()).unwrap();
+        assert_eq!(c.default_handler, "crun");
+        let dir = fake_path(&[]);
+        assert!(matches!(Config::from_toml("", dir.path().as_os_str()), Err(ConfigError::NoHandlers)));
+    }
+
+    #[test]
+    fn a_missing_file_is_fine_only_at_the_default_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("runtime.toml");
+        assert!(matches!(Config::load(&missing, true), Err(ConfigError::Read { .. })));
+        // Not explicit: discovery on the real PATH, which may or may not hold a runtime.
+        match Config::load(&missing, false) {
+            Ok(c) => assert!(c.handler("").is_some()),
+            Err(e) => assert!(matches!(e, ConfigError::NoHandlers)),
+        }
+        std::fs::write(&missing, "socket = [\n").unwrap();
+        match Config::load(&missing, true) {
+            Err(ConfigError::Parse { path, .. }) => assert_eq!(path, missing),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn platforms_parse_as_os_arch_and_optional_variant() {
+        let p = parse_platform("linux/arm/v7").unwrap();
+        assert_eq!((p.os.as_str(), p.architecture.as_str(), p.variant.as_deref()), ("linux", "arm", Some("v7")));
+        assert_eq!(parse_platform("windows/amd64").unwrap().variant, None);
+        for bad in ["", "linux", "linux/", "/amd64", "linux//v7", "linux/amd64/v7/x", "linux/AMD64"] {
+            assert!(parse_platform(bad).is_none(), "{bad}");
+        }
+    }
+}

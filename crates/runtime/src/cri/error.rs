@@ -1,0 +1,127 @@
+//! The CRI service's errors, and their one conversion to gRPC statuses.
+
+use berth_image::ImageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request names a handler the config does not have.
+    #[error("unknown runtime handler {handler:?} (configured handlers: {})", known.join(", "))]
+    UnknownHandler { handler: String, known: Vec<String> },
+    /// A malformed request (missing image spec, empty reference).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// An image operation failed; `op` is the verb (`pull`, `remove`, ...).
+    #[error("{op} image {image:?} for runtime handler {handler:?}")]
+    Image {
+        op: &'static str,
+        image: String,
+        handler: String,
+        #[source]
+        source: Box<ImageError>,
+    },
+    /// Reading the image filesystem's usage failed.
+    #[error("image filesystem usage")]
+    FsUsage(#[source] Box<ImageError>),
+    /// A blocking image-store task panicked or was cancelled.
+    #[error("image store task did not finish")]
+    Task(#[source] tokio::task::JoinError),
+    /// An RPC berth does not serve yet: answered as such, never with a fake success.
+    #[error("{rpc} is not implemented by berth runtime yet")]
+    Unimplemented { rpc: &'static str },
+}
+
+impl Error {
+    pub(crate) fn image(op: &'static str, image: &str, handler: &str, source: ImageError) -> Self {
+        Error::Image { op, image: image.to_string(), handler: handler.to_string(), source: Box::new(source) }
+    }
+}
+
+fn image_code(e: &ImageError) -> tonic::Code {
+    use tonic::Code;
+    match e {
+        ImageError::NotFound { .. } => Code::NotFound,
+        ImageError::InvalidArgument(_) => Code::InvalidArgument,
+        ImageError::Unauthorized { .. } => Code::Unauthenticated,
+        ImageError::NoMatchingPlatform { .. } => Code::FailedPrecondition,
+        ImageError::DigestMismatch { .. } => Code::DataLoss,
+        ImageError::RegistryUnavailable { .. } => Code::Unavailable,
+        ImageError::NoSpace { .. } => Code::ResourceExhausted,
+        ImageError::Io { .. } | ImageError::Internal(_) => Code::Internal,
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        use tonic::Code;
+        let code = match &e {
+            Error::UnknownHandler { .. } | Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::Image { source, .. } | Error::FsUsage(source) => image_code(source),
+            Error::Task(_) => Code::Internal,
+            Error::Unimplemented { .. } => Code::Unimplemented,
+        };
+        // The client sees no `source()`: the message carries the whole chain.
+        let mut message = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            message.push_str(": ");
+            message.push_str(&c.to_string());
+            cause = c.source();
+        }
+        tonic::Status::new(code, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn status(source: ImageError) -> tonic::Status {
+        Error::image("pull", "127.0.0.1:5000/app:1.0", "gvisor", source).into()
+    }
+
+    #[test]
+    fn each_image_error_maps_to_its_grpc_code() {
+        let io = || std::io::Error::other("boom");
+        let cases = [
+            (ImageError::NotFound { image: "a".into(), handler: "runc".into() }, Code::NotFound),
+            (ImageError::InvalidArgument("bad reference".into()), Code::InvalidArgument),
+            (
+                ImageError::Unauthorized { registry: "r".into(), repository: "p".into(), reason: "no".into() },
+                Code::Unauthenticated,
+            ),
+            (
+                ImageError::NoMatchingPlatform { image: "a".into(), wanted: "w".into(), offered: "o".into() },
+                Code::FailedPrecondition,
+            ),
+            (ImageError::DigestMismatch { digest: "d".into(), reason: "r".into() }, Code::DataLoss),
+            (ImageError::RegistryUnavailable { registry: "r".into(), source: Box::new(io()) }, Code::Unavailable),
+            (ImageError::NoSpace { what: "layer".into() }, Code::ResourceExhausted),
+            (ImageError::Io { path: "/x".into(), source: io() }, Code::Internal),
+            (ImageError::Internal("x".into()), Code::Internal),
+        ];
+        for (e, code) in cases {
+            assert_eq!(status(e).code(), code);
+        }
+    }
+
+    #[test]
+    fn status_message_names_image_handler_and_the_cause_chain() {
+        let s = status(ImageError::RegistryUnavailable {
+            registry: "127.0.0.1:5000".into(),
+            source: Box::new(std::io::Error::other("connection refused")),
+        });
+        assert_eq!(
+            s.message(),
+            r#"pull image "127.0.0.1:5000/app:1.0" for runtime handler "gvisor": registry 127.0.0.1:5000 unavailable: connection refused"#
+        );
+    }
+
+    #[test]
+    fn unknown_handler_is_invalid_argument_naming_the_configured_ones() {
+        let s: tonic::Status =
+            Error::UnknownHandler { handler: "kata".into(), known: vec!["gvisor".into(), "runc".into()] }.into();
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.message(), r#"unknown runtime handler "kata" (configured handlers: gvisor, runc)"#);
+    }
+}
