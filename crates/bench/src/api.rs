@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
+use axum::serve::ListenerExt;
 use berth_apiserver::{ApiState, lifecycle, router};
 use berth_store::Store;
 use futures::TryStreamExt;
@@ -54,6 +55,11 @@ pub async fn run(backend: &str, store: Arc<dyn Store>, s: &Settings) -> anyhow::
     lifecycle::bootstrap(&state).await.map_err(|e| anyhow!("bootstrap: {}", e.message))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    // `berth server` (axum-server) sets TCP_NODELAY; without it Nagle's algorithm and delayed
+    // ACKs hold small watch events back by up to 40 ms.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         axum::serve(listener, router(state))
@@ -136,7 +142,6 @@ async fn measure(backend: &str, addr: SocketAddr, store: Arc<dyn Store>, s: &Set
 /// `total` creates in namespace `ns` from `clients` concurrent clients, each with its own
 /// connection pool; returns per-create latencies and the wall time of the whole run.
 async fn creates(addr: SocketAddr, ns: &str, clients: usize, total: usize) -> anyhow::Result<(Latencies, Duration)> {
-    let per_client = total.div_ceil(clients);
     let mut apis = Vec::new();
     for _ in 0..clients {
         apis.push(Api::<ConfigMap>::namespaced(client(addr)?, ns));
@@ -148,7 +153,7 @@ async fn creates(addr: SocketAddr, ns: &str, clients: usize, total: usize) -> an
         .map(|(c, api)| {
             tokio::spawn(async move {
                 let mut lat = Latencies::default();
-                for i in 0..per_client {
+                for i in 0..crate::stats::share(total, clients, c) {
                     let obj = config_map(&format!("c{clients}-{c}-{i}"));
                     let t0 = Instant::now();
                     api.create(&PostParams::default(), &obj).await?;

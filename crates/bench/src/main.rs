@@ -33,13 +33,13 @@ enum Command {
 #[derive(Args)]
 struct ApiArgs {
     /// Samples per latency metric and creates per single-client run (twice that with many).
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 2000)]
     ops: usize,
     /// Objects in the listed collection.
     #[arg(long, default_value_t = 1000)]
     list_size: usize,
     /// How many times that collection is listed.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 50)]
     list_reps: usize,
     /// Clients of the concurrent runs.
     #[arg(long, default_value_t = 16)]

@@ -16,7 +16,6 @@ pub async fn puts(
 ) -> anyhow::Result<(Latencies, Duration)> {
     let client = etcd_client::Client::connect([endpoint], None).await?;
     let value: Arc<Vec<u8>> = Arc::new(vec![b'x'; value_bytes]);
-    let per_client = total.div_ceil(clients);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -24,7 +23,7 @@ pub async fn puts(
         let value = value.clone();
         tasks.push(tokio::spawn(async move {
             let mut lat = Latencies::default();
-            for i in 0..per_client {
+            for i in 0..crate::stats::share(total, clients, c) {
                 let key = format!("/bench-raw/{clients}/{c}/{i}");
                 let t0 = Instant::now();
                 kv.put(key, value.as_slice(), None).await?;

@@ -4,6 +4,11 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+/// Client `c`'s part of `total` operations split over `clients`, so that the parts add up.
+pub fn share(total: usize, clients: usize, c: usize) -> usize {
+    total / clients + usize::from(c < total % clients)
+}
+
 /// Latencies in microseconds, from 1 µs to an hour with 3 significant digits.
 pub struct Latencies(Histogram<u64>);
 
