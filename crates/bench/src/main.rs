@@ -2,6 +2,7 @@
 
 mod api;
 mod etcd_server;
+mod image;
 mod raw_etcd;
 mod report;
 mod stats;
@@ -28,6 +29,8 @@ struct Cli {
 enum Command {
     /// The Kubernetes API over SQLite and over etcd, and raw etcd puts, in one run.
     Api(ApiArgs),
+    /// Image pull and unpack throughput from a loopback registry, next to `skopeo copy`.
+    Image(image::ImageArgs),
 }
 
 #[derive(Args)]
@@ -55,6 +58,7 @@ struct ApiArgs {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Api(args) => api_bench(args).await,
+        Command::Image(args) => image::run(args).await,
     }
 }
 

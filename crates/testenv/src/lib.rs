@@ -43,6 +43,12 @@
 //! configs, manifests and indexes in OCI or Docker schema 2 media types, all deterministic.
 //! [`images::busybox_layer`] is a runnable rootfs from Debian's static busybox.
 //!
+//! # Throttling
+//!
+//! [`ThrottledProxy::start(registry.host(), bytes_per_sec)`](ThrottledProxy) forwards TCP to the
+//! registry at a limited rate and counts the bytes, to interrupt pulls mid-download and to see
+//! whether a retry resumed.
+//!
 //! # etcd
 //!
 //! `Etcd::start()` → `endpoint()` (`http://127.0.0.1:PORT`), killed and deleted on drop.
@@ -53,12 +59,14 @@
 pub mod daemon;
 pub mod etcd;
 pub mod images;
+pub mod proxy;
 pub mod registry;
 pub mod standard;
 pub mod tls;
 pub mod token;
 
 pub use etcd::Etcd;
+pub use proxy::ThrottledProxy;
 pub use registry::{PushedImage, PushedIndex, Registry, RegistryAuth, RegistryBuilder};
 pub use standard::StandardSet;
 pub use token::TokenServer;

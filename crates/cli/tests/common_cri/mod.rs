@@ -1,0 +1,195 @@
+//! Test harness for the CRI side: the real `berth runtime` binary on a temporary socket and root
+//! that survive restarts (and `kill -9`), and `berth cri …` run against it, in the foreground or
+//! in the background.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `berth runtime` on a temp dir: `runtime.toml`, `run/runtime.sock`, `root/` (images under
+/// `root/images`), and one log file per start (`runtime-<n>.log`).
+pub struct Runtime {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    starts: usize,
+    env: Vec<(String, String)>,
+}
+
+impl Runtime {
+    /// Handler `runc` (linux/amd64, the default); each of `insecure_hosts` marked insecure.
+    pub fn start(insecure_hosts: &[&str]) -> Runtime {
+        Self::start_with_env(insecure_hosts, &[])
+    }
+
+    /// As [`Self::start`], with extra environment for the runtime (e.g. `BERTH_LOG`).
+    pub fn start_with_env(insecure_hosts: &[&str], env: &[(&str, &str)]) -> Runtime {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = format!(
+            "socket = {socket:?}\nroot = {root:?}\ndefault_handler = \"runc\"\n\
+             [handlers.runc]\nbinary = \"runc\"\nplatform = \"linux/amd64\"\n",
+            socket = dir.path().join("run/runtime.sock"),
+            root = dir.path().join("root"),
+        );
+        for host in insecure_hosts {
+            config.push_str(&format!("[registries.\"{host}\"]\ninsecure = true\n"));
+        }
+        std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut rt = Runtime { child: None, dir, starts: 0, env };
+        rt.spawn();
+        rt
+    }
+
+    /// Starts the binary on the same config and root and waits for its socket.
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "runtime already running");
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path()).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .arg("runtime")
+            .arg("--config")
+            .arg(self.dir.path().join("runtime.toml"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // A socket left by a killed runtime is replaced once the new one listens: wait until
+        // it answers, not merely exists.
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("berth runtime exited with {status}:\n{}", self.log());
+            }
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "runtime not answering after 30s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: a crash, no cleanup of any kind.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            let status = child.wait().unwrap();
+            assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "{status}");
+        }
+    }
+
+    /// Starts the runtime again on the same root (after [`Self::kill9`] or [`Self::stop`]).
+    pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    /// SIGTERM and a clean exit.
+    pub fn stop(&mut self) {
+        let mut child = self.child.take().expect("runtime running");
+        let pid = child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let status = child.wait().unwrap();
+        assert!(status.success(), "berth runtime exited with {status}:\n{}", self.log());
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("run/runtime.sock")
+    }
+
+    /// The image store root (`<root>/images`).
+    pub fn images_root(&self) -> PathBuf {
+        self.dir.path().join("root/images")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("runtime-{}.log", self.starts))
+    }
+
+    /// The log of the current (or last) start.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Every start's log, in order, with a header each.
+    pub fn all_logs(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("runtime-{n}.log")));
+                format!("--- runtime start {n} ---\n{}", log.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    fn cri_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.arg("cri")
+            .args(args)
+            .env("CONTAINER_RUNTIME_ENDPOINT", format!("unix://{}", self.socket().display()))
+            .env_remove("IMAGE_SERVICE_ENDPOINT");
+        cmd
+    }
+
+    /// `berth cri ARGS`, waited for.
+    pub fn cri(&self, args: &[&str]) -> Output {
+        self.cri_command(args).output().unwrap()
+    }
+
+    /// `berth cri ARGS` in the background, stdout and stderr captured.
+    pub fn cri_spawn(&self, args: &[&str]) -> Child {
+        self.cri_command(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    }
+
+    /// `berth cri ARGS`, asserted to succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cri(args);
+        assert!(
+            out.status.success(),
+            "berth cri {args:?} failed: {}\nruntime logs:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.all_logs()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Table rows as (IMAGE, TAG, IMAGE ID, RUNTIME, SIZE), header skipped.
+pub fn rows(table: &str) -> Vec<Vec<String>> {
+    table.lines().skip(1).map(|l| l.split_whitespace().map(String::from).collect()).collect()
+}
+
+/// Regular files directly in `dir` with their sizes, sorted by name (empty if `dir` is missing).
+pub fn files_with_sizes(dir: &Path) -> Vec<(String, u64)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<(String, u64)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            meta.is_file().then(|| (e.file_name().to_string_lossy().into_owned(), meta.len()))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `sha256:<hex>` of a file, by coreutils' `sha256sum` (fast even in a debug build).
+pub fn sha256_file(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(out.status.success(), "sha256sum {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    format!("sha256:{}", text.split_whitespace().next().unwrap())
+}
