@@ -19,8 +19,11 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
 done
+# crun cannot run on a cgroup v1 hybrid host until cgroup2 owns no controllers (idempotent).
+fix_crun() { "$(dirname "$0")/fix-crun-hybrid.sh"; }
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all ${#PKGS[@]} packages present"
+  fix_crun
   exit 0
 fi
 echo "install-deps: installing ${missing[*]}"
@@ -42,4 +45,5 @@ rm -f "$LOG"
 # The packages may have started their daemons despite policy-rc.d on some hosts; berth starts its own.
 pkill -x etcd 2>/dev/null || true
 pkill -f docker-registry 2>/dev/null || true
+fix_crun
 echo "install-deps: done"
