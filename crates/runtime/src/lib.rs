@@ -1,11 +1,13 @@
 //! The CRI v1 runtime: serves ImageService (and RuntimeService) on a unix socket.
 //!
 //! [`config`] reads the handlers and their guest platforms, [`cri`] implements the services on
-//! top of `berth_image::Images`, [`server`] listens on the socket.
+//! top of `berth_image::Images`, [`server`] listens on the socket, [`state`] keeps the records of
+//! sandboxes and containers.
 
 pub mod config;
 pub mod cri;
 pub mod server;
+pub mod state;
 
 /// berth's own gRPC services served next to CRI (`berth.runtime.v1`): the streaming pull.
 pub mod proto {

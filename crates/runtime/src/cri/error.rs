@@ -2,6 +2,8 @@
 
 use berth_image::ImageError;
 
+use crate::state::StateError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A request names a handler the config does not have.
@@ -28,11 +30,27 @@ pub enum Error {
     /// An RPC berth does not serve yet: answered as such, never with a fake success.
     #[error("{rpc} is not implemented by berth runtime yet")]
     Unimplemented { rpc: &'static str },
+    /// A sandbox or container record refused the operation, or could not be stored.
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 impl Error {
     pub(crate) fn image(op: &'static str, image: &str, handler: &str, source: ImageError) -> Self {
         Error::Image { op, image: image.to_string(), handler: handler.to_string(), source: Box::new(source) }
+    }
+}
+
+fn state_code(e: &StateError) -> tonic::Code {
+    use tonic::Code;
+    match e {
+        StateError::NotFound { .. } => Code::NotFound,
+        StateError::NameReserved { .. } => Code::AlreadyExists,
+        StateError::IllegalTransition { .. } | StateError::SandboxHasContainers { .. } => Code::FailedPrecondition,
+        StateError::Invalid { .. } | StateError::Ambiguous { .. } => Code::InvalidArgument,
+        // Another RPC holds the record: a concurrency conflict the client may retry.
+        StateError::Busy { .. } => Code::Aborted,
+        StateError::Decode { .. } | StateError::Io { .. } => Code::Internal,
     }
 }
 
@@ -58,6 +76,7 @@ impl From<Error> for tonic::Status {
             Error::Image { source, .. } | Error::FsUsage(source) => image_code(source),
             Error::Task(_) => Code::Internal,
             Error::Unimplemented { .. } => Code::Unimplemented,
+            Error::State(e) => state_code(e),
         };
         // The client sees no `source()`: the message carries the whole chain.
         let mut message = e.to_string();
@@ -115,6 +134,43 @@ mod tests {
             s.message(),
             r#"pull image "127.0.0.1:5000/app:1.0" for runtime handler "gvisor": registry 127.0.0.1:5000 unavailable: connection refused"#
         );
+    }
+
+    #[test]
+    fn each_state_error_maps_to_its_grpc_code() {
+        use crate::state::{Action, Kind, Op};
+        let id = || "0123".to_string();
+        let cases = [
+            (StateError::NotFound { kind: Kind::Container, id: id() }, Code::NotFound),
+            (StateError::NameReserved { kind: Kind::Sandbox, name: "web".into(), by_id: id() }, Code::AlreadyExists),
+            (
+                StateError::IllegalTransition {
+                    kind: Kind::Container,
+                    id: id(),
+                    from: "running",
+                    action: Action::Start,
+                },
+                Code::FailedPrecondition,
+            ),
+            (StateError::SandboxHasContainers { id: id(), containers: vec![id()] }, Code::FailedPrecondition),
+            (StateError::Ambiguous { kind: Kind::Container, prefix: "0".into(), count: 2 }, Code::InvalidArgument),
+            (StateError::Invalid { kind: Kind::Sandbox, reason: "the id is empty" }, Code::InvalidArgument),
+            (StateError::Busy { kind: Kind::Container, id: id(), op: Op::Remove }, Code::Aborted),
+            (
+                StateError::Io { op: "writing", path: "/x".into(), source: std::io::Error::other("disk full") },
+                Code::Internal,
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(tonic::Status::from(Error::from(e)).code(), code);
+        }
+    }
+
+    #[test]
+    fn a_state_io_error_message_carries_its_cause_once() {
+        let e = StateError::Io { op: "writing", path: "/r/c.json".into(), source: std::io::Error::other("disk full") };
+        let s = tonic::Status::from(Error::from(e));
+        assert_eq!(s.message(), "writing /r/c.json: disk full");
     }
 
     #[test]
