@@ -258,6 +258,9 @@ struct WriteRequest {
     reply: oneshot::Sender<Result<Outcome>>,
 }
 
+/// How long the writer waits for more writes when the last batch was larger than this one.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(150);
+
 struct Writer {
     conn: Connection,
     revision: Revision,
@@ -272,15 +275,28 @@ type Applied = (Result<Outcome>, Option<Event>);
 
 impl Writer {
     fn run(&mut self, mut rx: mpsc::UnboundedReceiver<WriteRequest>) {
+        let mut previous = 1;
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
-            while batch.len() < self.max_batch {
-                match rx.try_recv() {
-                    Ok(req) => batch.push(req),
-                    Err(_) => break,
-                }
+            self.drain(&mut rx, &mut batch);
+            // Under concurrent load the clients answered by the last commit are sending their
+            // next writes right now: waiting a moment lets one fsync cover them all. A lone
+            // writer (previous batch of one) never waits.
+            if previous > 1 && batch.len() < previous {
+                std::thread::sleep(LINGER);
+                self.drain(&mut rx, &mut batch);
             }
+            previous = batch.len();
             self.commit_batch(batch);
+        }
+    }
+
+    fn drain(&self, rx: &mut mpsc::UnboundedReceiver<WriteRequest>, batch: &mut Vec<WriteRequest>) {
+        while batch.len() < self.max_batch {
+            match rx.try_recv() {
+                Ok(req) => batch.push(req),
+                Err(_) => break,
+            }
         }
     }
 
