@@ -31,35 +31,8 @@ impl Fixture {
         assert!(nix::unistd::geteuid().is_root(), "the runc tests need root");
         let tmp = tempfile::Builder::new().prefix("berth-monitor-").tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
-        let bin = dir.join("bundle/rootfs/bin");
-        fs::create_dir_all(&bin).unwrap();
-        fs::create_dir_all(dir.join("bundle/rootfs/tmp")).unwrap();
         fs::create_dir_all(dir.join("logs")).unwrap();
-        fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox (busybox-static) is installed");
-        for applet in ["sh", "echo", "sleep", "head", "tr", "test", "cat"] {
-            fs::hard_link(bin.join("busybox"), bin.join(applet)).unwrap();
-        }
-        let config = json!({
-            "ociVersion": "1.0.2",
-            "process": {
-                "terminal": false,
-                "user": {"uid": 0, "gid": 0},
-                "args": args,
-                "env": ["PATH=/bin"],
-                "cwd": "/",
-            },
-            "root": {"path": "rootfs"},
-            "hostname": "monitor-test",
-            "mounts": [
-                {"destination": "/proc", "type": "proc", "source": "proc"},
-                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
-            ],
-            "linux": {
-                "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network"}],
-                "resources": resources,
-            },
-        });
-        fs::write(dir.join("bundle/config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        berth_testenv::bundle::write_busybox_bundle(&dir.join("bundle"), args, "monitor-test", resources);
         // runc names the container's cgroups after its id: unique per process and test.
         let id = format!("berth-monitor-{}-{name}", std::process::id());
         Fixture { dir, id, _tmp: Some(tmp) }
@@ -154,7 +127,9 @@ struct LogLine {
 }
 
 fn read_log(path: &Path) -> Vec<LogLine> {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    let mut text = fs::read_to_string(path).unwrap_or_default();
+    // The monitor may be mid-write: only whole lines count.
+    text.truncate(text.rfind('\n').map_or(0, |i| i + 1));
     text.lines()
         .map(|line| {
             let mut parts = line.splitn(4, ' ');
