@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use berth_image::{Images, ImagesConfig, Platform, Progress};
 use berth_testenv::Registry;
-use berth_testenv::images::{Compression, ContainerConfig, Format, Image, LayerBuilder, pseudo_random_bytes};
+use berth_testenv::images::Image;
 use serde_json::json;
 
 /// Pull throughput berth aims at, relative to `skopeo copy`.
@@ -41,21 +41,6 @@ pub struct ImageArgs {
     /// Also write the figures here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-}
-
-/// `size_mb` MB of pseudo-random data in `layers` gzip layers, one file `/big/<i>.bin` each:
-/// testenv's `big_image` recipe with the layer count chosen.
-fn big_image(size_mb: usize, layers: usize) -> Image {
-    let per_layer = size_mb * 1024 * 1024 / layers;
-    let layers = (0..layers)
-        .map(|i| {
-            LayerBuilder::new()
-                .dir("big", 0o755)
-                .file(&format!("big/{i}.bin"), pseudo_random_bytes(0xB16 + i as u64, per_layer), 0o644)
-                .build(Compression::Gzip)
-        })
-        .collect();
-    Image::build(Format::Oci, berth_testenv::images::Platform::host(), ContainerConfig::cmd(&["sh"]), layers)
 }
 
 /// One run's timings.
@@ -176,7 +161,8 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
     let registry = Registry::start();
     eprintln!("building and pushing a {} MB image in {} gzip layers", args.size_mb, args.layers);
     let (size_mb, layers) = (args.size_mb, args.layers);
-    let image = tokio::task::spawn_blocking(move || big_image(size_mb, layers)).await?;
+    let image =
+        tokio::task::spawn_blocking(move || berth_testenv::standard::big_image_in_layers(size_mb, layers)).await?;
     let pushed = registry.push_image("big", "1.0", &image).await;
     let reference = pushed.reference.clone();
     let compressed = image.layers_size();

@@ -14,4 +14,33 @@ pub mod state;
 pub mod proto {
     #![allow(clippy::all)]
     tonic::include_proto!("berth.runtime.v1");
+
+    use k8s_cri::v1::AuthConfig;
+
+    // The streaming pull carries CRI's AuthConfig field for field.
+    impl From<AuthConfig> for Auth {
+        fn from(a: AuthConfig) -> Self {
+            Auth {
+                username: a.username,
+                password: a.password,
+                auth: a.auth,
+                server_address: a.server_address,
+                identity_token: a.identity_token,
+                registry_token: a.registry_token,
+            }
+        }
+    }
+
+    impl From<Auth> for AuthConfig {
+        fn from(a: Auth) -> Self {
+            AuthConfig {
+                username: a.username,
+                password: a.password,
+                auth: a.auth,
+                server_address: a.server_address,
+                identity_token: a.identity_token,
+                registry_token: a.registry_token,
+            }
+        }
+    }
 }

@@ -56,32 +56,12 @@ struct Fixture {
 impl Fixture {
     fn new() -> Self {
         let dir = tempfile::Builder::new().prefix("berth-reality-").tempdir().unwrap();
-        let bin = dir.path().join("bundle/rootfs/bin");
-        fs::create_dir_all(&bin).unwrap();
-        fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
-        for applet in ["sh", "sleep"] {
-            fs::hard_link(bin.join("busybox"), bin.join(applet)).unwrap();
-        }
-        let config = json!({
-            "ociVersion": "1.0.2",
-            "process": {
-                "terminal": false,
-                "user": {"uid": 0, "gid": 0},
-                "args": ["sleep", "1000"],
-                "env": ["PATH=/bin"],
-                "cwd": "/",
-            },
-            "root": {"path": "rootfs"},
-            "hostname": "reality-test",
-            "mounts": [
-                {"destination": "/proc", "type": "proc", "source": "proc"},
-                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
-            ],
-            "linux": {
-                "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}, {"type": "network"}],
-            },
-        });
-        fs::write(dir.path().join("bundle/config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        berth_testenv::bundle::write_busybox_bundle(
+            &dir.path().join("bundle"),
+            &["sleep", "1000"],
+            "reality-test",
+            json!({}),
+        );
         Fixture { dir, id: new_id() }
     }
 

@@ -56,6 +56,7 @@
 //! Needs the Debian packages `docker-registry`, `apache2-utils` (basic auth), `busybox-static`
 //! and `etcd-server` (all in `scripts/install-deps.sh`); a missing one fails the test loudly.
 
+pub mod bundle;
 pub mod daemon;
 pub mod etcd;
 pub mod images;

@@ -126,9 +126,13 @@ impl Registry {
 /// A `size_mb` MB image in 5 gzip layers (fewer when small) of deterministic incompressible data,
 /// for pull benchmarks. Each layer is one file `/big/<i>.bin`.
 pub fn big_image(size_mb: usize) -> Image {
-    let n = size_mb.clamp(1, 5);
-    let per_layer = size_mb * 1024 * 1024 / n;
-    let layers = (0..n)
+    big_image_in_layers(size_mb, size_mb.clamp(1, 5))
+}
+
+/// [`big_image`] with the layer count chosen.
+pub fn big_image_in_layers(size_mb: usize, layers: usize) -> Image {
+    let per_layer = size_mb * 1024 * 1024 / layers;
+    let layers = (0..layers)
         .map(|i| {
             LayerBuilder::new()
                 .dir("big", 0o755)

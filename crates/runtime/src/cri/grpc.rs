@@ -74,14 +74,7 @@ impl PullProgress for Grpc {
 
     async fn pull(&self, r: Request<proto::PullRequest>) -> Result<Response<Self::PullStream>, Status> {
         let r = r.into_inner();
-        let auth = r.auth.map(|a| cri::AuthConfig {
-            username: a.username,
-            password: a.password,
-            auth: a.auth,
-            server_address: a.server_address,
-            identity_token: a.identity_token,
-            registry_token: a.registry_token,
-        });
+        let auth = r.auth.map(cri::AuthConfig::from);
         let mut task = self.0.start_pull(&r.image, &r.handler, auth)?;
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {

@@ -75,14 +75,7 @@ async fn pull_with_progress(
     auth: Option<cri::AuthConfig>,
 ) -> anyhow::Result<Option<String>> {
     let mut client = PullProgressClient::new(ctx.image_channel().await?);
-    let auth = auth.map(|a| proto::Auth {
-        username: a.username,
-        password: a.password,
-        auth: a.auth,
-        server_address: a.server_address,
-        identity_token: a.identity_token,
-        registry_token: a.registry_token,
-    });
+    let auth = auth.map(proto::Auth::from);
     let req = proto::PullRequest { image: image.into(), handler: handler.into(), auth };
     let mut stream = match client.pull(req).await {
         Ok(s) => s.into_inner(),
