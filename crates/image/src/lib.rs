@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use futures::{StreamExt as _, TryStreamExt as _};
 use tracing::{debug, info, warn};
 
 mod content;
@@ -452,7 +451,7 @@ impl Images {
         for (layer, (chain, diff_id)) in manifest.layers.iter().zip(chains.iter().zip(&diff_ids)) {
             fetches.push(self.fetch_layer(&repo, layer, chain, diff_id, send));
         }
-        futures::stream::iter(fetches).buffer_unordered(PARALLEL_LAYERS).try_collect::<Vec<()>>().await?;
+        run_layer_fetches(fetches).await?;
 
         let size = config_desc.size + manifest.layers.iter().map(|l| l.size).sum::<u64>();
         let record = ImageRecord {
@@ -689,6 +688,35 @@ impl Images {
 fn check_digest(digest: &str) -> Result<(), ImageError> {
     reference::validate_digest(digest)
         .map_err(|why| ImageError::InvalidArgument(format!("bad digest in manifest: {why}")))
+}
+
+/// Runs layer fetches `PARALLEL_LAYERS` at a time. After the first failure no new fetch starts,
+/// but the running ones are awaited: an unpack runs on a blocking thread that dropping its future
+/// would not stop, and it must not rename a layer into place after the failed pull cleaned up.
+async fn run_layer_fetches<F>(fetches: Vec<F>) -> Result<(), ImageError>
+where
+    F: std::future::Future<Output = Result<(), ImageError>>,
+{
+    use futures::StreamExt as _;
+    let mut pending = fetches.into_iter();
+    let mut running = futures::stream::FuturesUnordered::new();
+    let mut first_error = None;
+    loop {
+        while first_error.is_none() && running.len() < PARALLEL_LAYERS {
+            match pending.next() {
+                Some(fetch) => running.push(fetch),
+                None => break,
+            }
+        }
+        match running.next().await {
+            Some(Err(error)) => {
+                first_error.get_or_insert(error);
+            }
+            Some(Ok(())) => {}
+            None => break,
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
