@@ -1,5 +1,5 @@
 //! Integration tests against the kernel and Debian's CNI plugins (`/usr/lib/cni`); they need root
-//! and iptables, and are skipped (with a note) without them.
+//! and iptables, and fail without them.
 //!
 //! Each test has its own bridge (`berthtest<N>`), subnet (`10.77.<N>.0/24`), network name, host
 //! port, namespace directory, IPAM dir and cache, and a guard that removes all of it — plus
@@ -39,18 +39,18 @@ fn nat_rules() -> String {
     sh("iptables", &["-t", "nat", "-S"]).1
 }
 
-/// Whether the environment can run these tests; prints why not otherwise.
+/// Checks the environment can run these tests; fails the test (never skips it) when it cannot,
+/// so a missing package shows up in CI.
 fn can_run() -> bool {
     let root = nix::unistd::geteuid().is_root();
     let plugins =
         ["bridge", "host-local", "portmap", "loopback"].iter().all(|p| Path::new(PLUGIN_DIR).join(p).exists());
     let tools = sh("sh", &["-c", "command -v iptables && command -v nsenter && command -v busybox"]).0;
-    if !(root && plugins && tools) {
-        eprintln!(
-            "skipped: needs root, {PLUGIN_DIR}/{{bridge,host-local,portmap,loopback}}, iptables, nsenter, busybox"
-        );
-    }
-    root && plugins && tools
+    assert!(
+        root && plugins && tools,
+        "needs root, {PLUGIN_DIR}/{{bridge,host-local,portmap,loopback}}, iptables, nsenter, busybox (scripts/install-deps.sh)"
+    );
+    true
 }
 
 /// One test's network and everything the guard removes.
