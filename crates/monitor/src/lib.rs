@@ -25,6 +25,7 @@ pub mod cri_log;
 pub mod daemon;
 pub mod launch;
 mod oom;
+pub mod pause;
 pub mod report;
 pub mod status;
 pub mod time;

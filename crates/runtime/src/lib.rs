@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod cri;
+pub mod host;
 pub mod reality;
 pub mod server;
 pub mod state;

@@ -1,11 +1,14 @@
 //! The CRI unix socket: its directory, owner-only permissions, stale sockets from a previous run,
 //! and serving gRPC routes on it until shutdown.
 
+mod authority;
+
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
 #[derive(Debug, thiserror::Error)]
@@ -86,9 +89,11 @@ impl SocketListener {
     ) -> Result<(), ServeError> {
         let SocketListener { listener, path } = self;
         tracing::info!(socket = %path.display(), "serving CRI");
+        // Older grpc-go clients send the socket path as :authority, which h2 alone would refuse.
+        let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(authority::AuthorityRewrite::new));
         let result = tonic::transport::Server::builder()
             .add_routes(routes)
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         let _ = std::fs::remove_file(&path);
         result.map_err(|source| ServeError::Serve { path, source })

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use berth_image::Images;
 use berth_runtime::config::Config;
-use berth_runtime::cri::{Cri, grpc};
+use berth_runtime::cri::{Cri, Options, grpc};
 use berth_runtime::proto;
 use berth_runtime::proto::pull_progress_client::PullProgressClient;
 use berth_runtime::server;
@@ -38,12 +38,17 @@ struct Server {
 impl Server {
     async fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let text =
-            format!("socket = {:?}\nroot = {:?}\n{HANDLERS}", dir.path().join("run/cri.sock"), dir.path().join("root"));
+        let text = format!(
+            "socket = {:?}\nroot = {:?}\n{HANDLERS}\n[cni]\nconf_dir = {:?}\n",
+            dir.path().join("run/cri.sock"),
+            dir.path().join("root"),
+            dir.path().join("cni")
+        );
         let config = Config::from_toml(&text, OsStr::new("")).unwrap();
         let images = Images::open(config.images_config()).unwrap();
         let listener = server::bind(&config.socket).await.unwrap();
-        let routes = grpc::routes(Arc::new(Cri::new(config, Arc::new(images))));
+        let cri = Cri::open(config, Arc::new(images), Options::default()).await.unwrap();
+        let routes = grpc::routes(cri);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(listener.serve(routes, async {
             let _ = stopped.await;
@@ -117,7 +122,7 @@ async fn version_names_berth_and_cri_v1() {
 }
 
 #[tokio::test]
-async fn status_lists_every_configured_handler_and_network_not_ready() {
+async fn status_lists_every_configured_handler_and_the_network_of_the_default_conflist() {
     let s = Server::start().await;
     let r = s.runtime().await.status(cri::StatusRequest { verbose: true }).await.unwrap().into_inner();
     let names: Vec<_> = r.runtime_handlers.iter().map(|h| h.name.as_str()).collect();
@@ -126,9 +131,10 @@ async fn status_lists_every_configured_handler_and_network_not_ready() {
     let conditions = r.status.unwrap().conditions;
     let ready = conditions.iter().find(|c| c.r#type == "RuntimeReady").unwrap();
     assert!(ready.status);
+    // The conf dir was empty: the runtime wrote its default conflist, whose plugins are installed.
     let network = conditions.iter().find(|c| c.r#type == "NetworkReady").unwrap();
-    assert!(!network.status);
-    assert_eq!(network.reason, "NetworkPluginNotReady");
+    assert!(network.status, "{network:?}");
+    assert!(s.dir.path().join("cni/10-berth.conflist").exists());
     let config: serde_json::Value = serde_json::from_str(&r.info["config"]).unwrap();
     assert_eq!(config["defaultRuntimeName"], "runc");
     assert_eq!(config["runtimes"]["gvisor"]["platform"]["architecture"], "arm64");
@@ -136,14 +142,17 @@ async fn status_lists_every_configured_handler_and_network_not_ready() {
 }
 
 #[tokio::test]
-async fn pods_and_containers_answer_unimplemented_not_a_fake_success() {
+async fn unserved_rpcs_answer_unimplemented_and_a_config_less_sandbox_is_invalid() {
     let s = Server::start().await;
     let mut rt = s.runtime().await;
     let e = rt.run_pod_sandbox(cri::RunPodSandboxRequest::default()).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unimplemented);
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().contains("RunPodSandbox"), "{}", e.message());
-    let e = rt.list_containers(cri::ListContainersRequest::default()).await.unwrap_err();
+    let e = rt.checkpoint_container(cri::CheckpointContainerRequest::default()).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unimplemented);
+    assert!(
+        rt.list_containers(cri::ListContainersRequest::default()).await.unwrap().into_inner().containers.is_empty()
+    );
     s.shutdown().await;
 }
 

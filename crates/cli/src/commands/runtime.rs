@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use berth_image::Images;
 use berth_runtime::config::{self, Config};
-use berth_runtime::cri::{Cri, grpc};
+use berth_runtime::cri::{Cri, Options, grpc};
 use berth_runtime::server;
 
 #[derive(clap::Args)]
@@ -47,8 +47,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await?
         .with_context(|| format!("opening the image store in {}", cfg.images_root().display()))?;
     let listener = server::bind(&cfg.socket).await?;
-    let routes = grpc::routes(Arc::new(Cri::new(cfg, Arc::new(images))));
-    listener.serve(routes, shutdown_signal()).await?;
+    let cri = Cri::open(cfg, Arc::new(images), Options::default()).await.context("starting the CRI runtime")?;
+    let routes = grpc::routes(cri.clone());
+    listener
+        .serve(routes, async move {
+            shutdown_signal().await;
+            cri.close();
+        })
+        .await?;
     tracing::info!("berth runtime stopped");
     Ok(())
 }

@@ -33,6 +33,53 @@ pub enum Error {
     /// A sandbox or container record refused the operation, or could not be stored.
     #[error(transparent)]
     State(#[from] StateError),
+    /// CreateContainer names an image that is not pulled for the sandbox's handler.
+    #[error("image {image:?} not found for runtime handler {handler:?} (pull it first)")]
+    ImageNotFound { image: String, handler: String },
+    /// A request the runtime understands but cannot serve (yet): a tty container, say.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The object is in no state for the request (exec in a stopped container).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Timeout(String),
+    /// A host operation (mount, file, process) failed.
+    #[error("{what}")]
+    Host {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The pod network could not be set up or torn down.
+    #[error("network of pod sandbox {sandbox}")]
+    Network {
+        sandbox: String,
+        #[source]
+        source: Box<berth_cni::CniError>,
+    },
+    /// The OCI runtime failed a verb.
+    #[error("{op} container {id}")]
+    Oci {
+        op: &'static str,
+        id: String,
+        #[source]
+        source: Box<berth_oci::OciError>,
+    },
+    /// The container's monitor did not get the container created.
+    #[error("create container {id}")]
+    Monitor {
+        id: String,
+        #[source]
+        source: Box<berth_monitor::MonitorError>,
+    },
+    /// The container's OCI spec could not be generated from its config.
+    #[error("container {id} config")]
+    Spec {
+        id: String,
+        #[source]
+        source: Box<berth_oci::SpecError>,
+    },
 }
 
 impl Error {
@@ -77,6 +124,17 @@ impl From<Error> for tonic::Status {
             Error::Task(_) => Code::Internal,
             Error::Unimplemented { .. } => Code::Unimplemented,
             Error::State(e) => state_code(e),
+            Error::ImageNotFound { .. } => Code::NotFound,
+            Error::Unsupported(_) => Code::Unimplemented,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::Timeout(_) => Code::DeadlineExceeded,
+            Error::Host { .. } | Error::Network { .. } | Error::Monitor { .. } => Code::Internal,
+            Error::Oci { source, .. } if source.is_not_found() => Code::NotFound,
+            Error::Oci { .. } => Code::Internal,
+            Error::Spec { source, .. } => match **source {
+                berth_oci::SpecError::Host { .. } => Code::Internal,
+                _ => Code::InvalidArgument,
+            },
         };
         // The client sees no `source()`: the message carries the whole chain.
         let mut message = e.to_string();

@@ -130,102 +130,109 @@ impl RuntimeService for Grpc {
         &self,
         _: Request<cri::GetEventsRequest>,
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
-        unimplemented("GetContainerEvents")
+        use futures::StreamExt as _;
+        use tokio_stream::wrappers::BroadcastStream;
+        // A subscriber too slow to keep up loses events rather than stalling the runtime; it is
+        // told so by a DataLoss status item.
+        let stream = BroadcastStream::new(self.0.subscribe())
+            .map(|item| item.map_err(|e| Status::data_loss(format!("container events were dropped: {e}"))))
+            .take_until(self.0.closed());
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn run_pod_sandbox(
         &self,
-        _: Request<cri::RunPodSandboxRequest>,
+        r: Request<cri::RunPodSandboxRequest>,
     ) -> Result<Response<cri::RunPodSandboxResponse>, Status> {
-        unimplemented("RunPodSandbox")
+        Ok(Response::new(self.0.run_pod_sandbox(r.into_inner()).await?))
     }
 
     async fn stop_pod_sandbox(
         &self,
-        _: Request<cri::StopPodSandboxRequest>,
+        r: Request<cri::StopPodSandboxRequest>,
     ) -> Result<Response<cri::StopPodSandboxResponse>, Status> {
-        unimplemented("StopPodSandbox")
+        Ok(Response::new(self.0.stop_pod_sandbox(r.into_inner()).await?))
     }
 
     async fn remove_pod_sandbox(
         &self,
-        _: Request<cri::RemovePodSandboxRequest>,
+        r: Request<cri::RemovePodSandboxRequest>,
     ) -> Result<Response<cri::RemovePodSandboxResponse>, Status> {
-        unimplemented("RemovePodSandbox")
+        Ok(Response::new(self.0.remove_pod_sandbox(r.into_inner()).await?))
     }
 
     async fn pod_sandbox_status(
         &self,
-        _: Request<cri::PodSandboxStatusRequest>,
+        r: Request<cri::PodSandboxStatusRequest>,
     ) -> Result<Response<cri::PodSandboxStatusResponse>, Status> {
-        unimplemented("PodSandboxStatus")
+        Ok(Response::new(self.0.pod_sandbox_status(r.into_inner())?))
     }
 
     async fn list_pod_sandbox(
         &self,
-        _: Request<cri::ListPodSandboxRequest>,
+        r: Request<cri::ListPodSandboxRequest>,
     ) -> Result<Response<cri::ListPodSandboxResponse>, Status> {
-        unimplemented("ListPodSandbox")
+        Ok(Response::new(self.0.list_pod_sandbox(r.into_inner())))
     }
 
     async fn create_container(
         &self,
-        _: Request<cri::CreateContainerRequest>,
+        r: Request<cri::CreateContainerRequest>,
     ) -> Result<Response<cri::CreateContainerResponse>, Status> {
-        unimplemented("CreateContainer")
+        Ok(Response::new(self.0.create_container(r.into_inner()).await?))
     }
 
     async fn start_container(
         &self,
-        _: Request<cri::StartContainerRequest>,
+        r: Request<cri::StartContainerRequest>,
     ) -> Result<Response<cri::StartContainerResponse>, Status> {
-        unimplemented("StartContainer")
+        Ok(Response::new(self.0.start_container(r.into_inner()).await?))
     }
 
     async fn stop_container(
         &self,
-        _: Request<cri::StopContainerRequest>,
+        r: Request<cri::StopContainerRequest>,
     ) -> Result<Response<cri::StopContainerResponse>, Status> {
-        unimplemented("StopContainer")
+        Ok(Response::new(self.0.stop_container(r.into_inner()).await?))
     }
 
     async fn remove_container(
         &self,
-        _: Request<cri::RemoveContainerRequest>,
+        r: Request<cri::RemoveContainerRequest>,
     ) -> Result<Response<cri::RemoveContainerResponse>, Status> {
-        unimplemented("RemoveContainer")
+        Ok(Response::new(self.0.remove_container(r.into_inner()).await?))
     }
 
     async fn list_containers(
         &self,
-        _: Request<cri::ListContainersRequest>,
+        r: Request<cri::ListContainersRequest>,
     ) -> Result<Response<cri::ListContainersResponse>, Status> {
-        unimplemented("ListContainers")
+        Ok(Response::new(self.0.list_containers(r.into_inner())))
     }
 
     async fn container_status(
         &self,
-        _: Request<cri::ContainerStatusRequest>,
+        r: Request<cri::ContainerStatusRequest>,
     ) -> Result<Response<cri::ContainerStatusResponse>, Status> {
-        unimplemented("ContainerStatus")
+        Ok(Response::new(self.0.container_status(r.into_inner())?))
     }
 
     async fn update_container_resources(
         &self,
-        _: Request<cri::UpdateContainerResourcesRequest>,
+        r: Request<cri::UpdateContainerResourcesRequest>,
     ) -> Result<Response<cri::UpdateContainerResourcesResponse>, Status> {
-        unimplemented("UpdateContainerResources")
+        Ok(Response::new(self.0.update_container_resources(r.into_inner()).await?))
     }
 
     async fn reopen_container_log(
         &self,
-        _: Request<cri::ReopenContainerLogRequest>,
+        r: Request<cri::ReopenContainerLogRequest>,
     ) -> Result<Response<cri::ReopenContainerLogResponse>, Status> {
-        unimplemented("ReopenContainerLog")
+        Ok(Response::new(self.0.reopen_container_log(r.into_inner())?))
     }
 
-    async fn exec_sync(&self, _: Request<cri::ExecSyncRequest>) -> Result<Response<cri::ExecSyncResponse>, Status> {
-        unimplemented("ExecSync")
+    async fn exec_sync(&self, r: Request<cri::ExecSyncRequest>) -> Result<Response<cri::ExecSyncResponse>, Status> {
+        Ok(Response::new(self.0.exec_sync(r.into_inner()).await?))
     }
 
     async fn exec(&self, _: Request<cri::ExecRequest>) -> Result<Response<cri::ExecResponse>, Status> {
@@ -245,37 +252,37 @@ impl RuntimeService for Grpc {
 
     async fn container_stats(
         &self,
-        _: Request<cri::ContainerStatsRequest>,
+        r: Request<cri::ContainerStatsRequest>,
     ) -> Result<Response<cri::ContainerStatsResponse>, Status> {
-        unimplemented("ContainerStats")
+        Ok(Response::new(self.0.container_stats(r.into_inner())?))
     }
 
     async fn list_container_stats(
         &self,
-        _: Request<cri::ListContainerStatsRequest>,
+        r: Request<cri::ListContainerStatsRequest>,
     ) -> Result<Response<cri::ListContainerStatsResponse>, Status> {
-        unimplemented("ListContainerStats")
+        Ok(Response::new(self.0.list_container_stats(r.into_inner())))
     }
 
     async fn pod_sandbox_stats(
         &self,
-        _: Request<cri::PodSandboxStatsRequest>,
+        r: Request<cri::PodSandboxStatsRequest>,
     ) -> Result<Response<cri::PodSandboxStatsResponse>, Status> {
-        unimplemented("PodSandboxStats")
+        Ok(Response::new(self.0.pod_sandbox_stats(r.into_inner())?))
     }
 
     async fn list_pod_sandbox_stats(
         &self,
-        _: Request<cri::ListPodSandboxStatsRequest>,
+        r: Request<cri::ListPodSandboxStatsRequest>,
     ) -> Result<Response<cri::ListPodSandboxStatsResponse>, Status> {
-        unimplemented("ListPodSandboxStats")
+        Ok(Response::new(self.0.list_pod_sandbox_stats(r.into_inner())))
     }
 
     async fn update_runtime_config(
         &self,
-        _: Request<cri::UpdateRuntimeConfigRequest>,
+        r: Request<cri::UpdateRuntimeConfigRequest>,
     ) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
-        unimplemented("UpdateRuntimeConfig")
+        Ok(Response::new(self.0.update_runtime_config(r.into_inner())))
     }
 
     async fn checkpoint_container(
@@ -303,6 +310,6 @@ impl RuntimeService for Grpc {
         &self,
         _: Request<cri::RuntimeConfigRequest>,
     ) -> Result<Response<cri::RuntimeConfigResponse>, Status> {
-        unimplemented("RuntimeConfig")
+        Ok(Response::new(self.0.runtime_config()))
     }
 }

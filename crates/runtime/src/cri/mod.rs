@@ -1,30 +1,123 @@
-//! The CRI v1 service: the shared state every RPC works on and handler resolution; the image and
-//! runtime halves live in submodules as plain async methods, and [`grpc`] adapts them to tonic.
+//! The CRI v1 service: the shared state every RPC works on, handler resolution and startup
+//! (recover, reconcile, exit watchers); the image, sandbox, container and stats halves live in
+//! submodules as plain async methods, and [`grpc`] adapts them to tonic.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
+use berth_cni::{Cni, KernelNetns};
 use berth_image::Images;
+use berth_oci::OciRuntime;
+use berth_oci::runtime::ProcessSpawner;
+use k8s_cri::v1 as cri;
+use tokio::sync::{broadcast, watch};
 
 use crate::config::{Config, Handler};
+use crate::reality::HostReality;
+use crate::state::{ContainerState, StateError, Store, now_ns};
 
+mod container;
 mod error;
 pub mod grpc;
 mod image;
 mod runtime;
+mod sandbox;
+mod stats;
 
 pub use error::Error;
 pub use image::PullTask;
 
-/// What the CRI services share: the configuration and the image store.
+/// Where the runtime finds what is not in its config.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The `berth-monitor` binary; default: next to the running executable (or one directory up,
+    /// for test binaries under `target/*/deps`), else on PATH.
+    pub monitor_binary: Option<PathBuf>,
+    /// Where network namespaces are bind-mounted; default `/run/berth/netns`.
+    pub netns_dir: Option<PathBuf>,
+}
+
+/// What the CRI services share: the configuration, the image store, the sandbox and container
+/// records, the OCI runtimes, the pod network, and the exit watchers.
 pub struct Cri {
     config: Config,
     images: Arc<Images>,
+    store: Arc<Store>,
+    runtimes: BTreeMap<String, OciRuntime>,
+    cni: Arc<Cni>,
+    netns: Arc<KernelNetns>,
+    monitor_binary: PathBuf,
+    events: broadcast::Sender<cri::ContainerEventResponse>,
+    /// Per running container: turns true once its exit is recorded.
+    exits: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// Set by UpdateRuntimeConfig.
+    pod_cidr: Mutex<String>,
+    cpu_samples: stats::CpuSamples,
+    /// Turns true on [`Cri::close`]: long-lived streams end, so a graceful shutdown can finish.
+    closing: watch::Sender<bool>,
 }
 
+/// The default network namespace directory.
+pub const DEFAULT_NETNS_DIR: &str = "/run/berth/netns";
+
 impl Cri {
-    /// `images` must have been opened with `config.images_config()`.
-    pub fn new(config: Config, images: Arc<Images>) -> Self {
-        Cri { config, images }
+    /// Opens the runtime: loads the sandbox and container records under the config's root,
+    /// reconciles them with what is really running, writes the default CNI config if the conf
+    /// dir has none, and starts watching every running container. `images` must have been opened
+    /// with `config.images_config()`.
+    pub async fn open(config: Config, images: Arc<Images>, options: Options) -> Result<Arc<Cri>, Error> {
+        // When it is nowhere to be found, container creation fails naming it.
+        let monitor_binary =
+            options.monitor_binary.or_else(find_monitor).unwrap_or_else(|| PathBuf::from(berth_monitor::MONITOR_NAME));
+        let root = config.root.clone();
+        let (store, report) =
+            tokio::task::spawn_blocking(move || Store::recover(root)).await.map_err(Error::Task)??;
+        tracing::info!(sandboxes = report.sandboxes, containers = report.containers, "recovered records");
+        let reality = HostReality::new(&config);
+        let reconcile_store = store.clone();
+        let changes = tokio::task::spawn_blocking(move || reconcile_store.reconcile(&reality, now_ns()))
+            .await
+            .map_err(Error::Task)?;
+        for change in &changes.changes {
+            tracing::info!(?change, "reconciled");
+        }
+        for error in &changes.errors {
+            tracing::warn!(%error, "reconcile could not write a change");
+        }
+
+        let cni_dir = config.cni.conf_dir.clone();
+        match berth_cni::config::write_default(&cni_dir, &berth_cni::config::DefaultNetwork::default()) {
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, dir = %cni_dir.display(), "writing the default CNI config failed"),
+        }
+        let cni =
+            Cni::new(config.cni.conf_dir.clone(), config.cni.bin_dirs.clone()).with_cache_dir(config.root.join("cni"));
+        let netns = KernelNetns::new(options.netns_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_NETNS_DIR)));
+        let runtimes = config.handlers.iter().map(|(name, h)| (name.clone(), oci_runtime(h))).collect();
+        let (events, _) = broadcast::channel(1024);
+        let cri = Arc::new(Cri {
+            config,
+            images,
+            store,
+            runtimes,
+            cni: Arc::new(cni),
+            netns: Arc::new(netns),
+            monitor_binary,
+            events,
+            exits: Mutex::new(HashMap::new()),
+            pod_cidr: Mutex::new(String::new()),
+            cpu_samples: Default::default(),
+            closing: watch::Sender::new(false),
+        });
+        for c in cri.store.list_containers(&Default::default()) {
+            if matches!(c.state(), ContainerState::Running | ContainerState::Unknown)
+                && let Some(pid) = c.monitor_pid
+            {
+                cri.watch_exit(&c.id, pid);
+            }
+        }
+        Ok(cri)
     }
 
     pub fn config(&self) -> &Config {
@@ -39,6 +132,17 @@ impl Cri {
         })
     }
 
+    fn oci_runtime(&self, handler: &str) -> Result<OciRuntime, Error> {
+        let name = self.handler(handler)?.name.clone();
+        Ok(self.runtimes[&name].clone())
+    }
+
+    /// gVisor handlers run each container as its own runsc sandbox (no infra process, no shared
+    /// IPC/UTS/PID namespaces); recognised by the binary's name.
+    fn is_gvisor(&self, handler: &str) -> bool {
+        self.handler(handler).is_ok_and(|h| h.binary.file_name().is_some_and(|n| n.to_string_lossy().contains("runsc")))
+    }
+
     /// Runs a blocking image-store call off the async workers.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -47,4 +151,59 @@ impl Cri {
         let images = Arc::clone(&self.images);
         tokio::task::spawn_blocking(move || f(&images)).await.map_err(Error::Task)?
     }
+
+    /// Runs a record mutation (which writes to disk) off the async workers.
+    async fn blocking_state<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        match tokio::task::spawn_blocking(f).await {
+            Ok(result) => result,
+            Err(e) => Err(StateError::Io {
+                op: "running",
+                path: PathBuf::from("a state task"),
+                source: std::io::Error::other(e),
+            }),
+        }
+    }
+
+    /// Subscribes to container events (GetContainerEvents).
+    pub fn subscribe(&self) -> broadcast::Receiver<cri::ContainerEventResponse> {
+        self.events.subscribe()
+    }
+
+    /// Ends the event streams (the runtime is shutting down); containers keep running.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Resolves once [`Cri::close`] has been called.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|closing| *closing).await;
+        }
+    }
+}
+
+/// The OCI runtime of a handler: its binary, global args and `--root`.
+pub fn oci_runtime(h: &Handler) -> OciRuntime {
+    let mut rt = OciRuntime::new(&h.binary, Arc::new(ProcessSpawner)).with_global_args(h.args.iter().cloned());
+    if let Some(root) = &h.root {
+        rt = rt.with_root(root);
+    }
+    rt
+}
+
+/// `berth-monitor` next to the executable, one directory up (test binaries live in `deps/`), or
+/// on PATH.
+fn find_monitor() -> Option<PathBuf> {
+    let name = berth_monitor::MONITOR_NAME;
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let candidates = [Some(dir.join(name)), dir.parent().map(|d| d.join(name))];
+    if let Some(found) = candidates.into_iter().flatten().find(|p| p.is_file()) {
+        return Some(found);
+    }
+    crate::config::find_on_path(name, &std::env::var_os("PATH").unwrap_or_default())
 }

@@ -1,5 +1,5 @@
-//! CRI RuntimeService as plain methods: `Version` and `Status` now; sandboxes and containers
-//! join here with the runtime issue.
+//! CRI RuntimeService's runtime-wide verbs: Version, Status, RuntimeConfig and
+//! UpdateRuntimeConfig (sandboxes, containers and stats have their own modules).
 
 use std::collections::HashMap;
 
@@ -24,6 +24,7 @@ impl Cri {
     }
 
     pub fn status(&self, req: cri::StatusRequest) -> cri::StatusResponse {
+        let network = self.cni.status();
         let conditions = vec![
             cri::RuntimeCondition {
                 r#type: "RuntimeReady".into(),
@@ -33,13 +34,13 @@ impl Cri {
             },
             cri::RuntimeCondition {
                 r#type: "NetworkReady".into(),
-                status: false,
-                reason: "NetworkPluginNotReady".into(),
-                message: "berth runtime does not set up pod networks yet".into(),
+                status: network.ready,
+                reason: network.reason,
+                message: network.message,
             },
         ];
-        // Features are what berth can do with the handler, not what the binary could: no
-        // containers run yet, so none is claimed.
+        // Features are what berth does with the handler, not what the binary could: neither
+        // recursive read-only mounts nor user namespaces are wired yet.
         let features =
             || Some(cri::RuntimeHandlerFeatures { recursive_read_only_mounts: false, user_namespaces: false });
         // "" stands for the default handler, as containerd lists it, then every handler by name.
@@ -54,6 +55,25 @@ impl Cri {
             runtime_handlers,
             features: Some(cri::RuntimeFeatures { supplemental_groups_policy: false }),
         }
+    }
+
+    /// The cgroup driver kubelet must match: cgroupfs (berth writes cgroup paths, not systemd
+    /// slices).
+    pub fn runtime_config(&self) -> cri::RuntimeConfigResponse {
+        cri::RuntimeConfigResponse {
+            linux: Some(cri::LinuxRuntimeConfiguration { cgroup_driver: cri::CgroupDriver::Cgroupfs as i32 }),
+        }
+    }
+
+    /// Records the node's pod CIDR (kubelet sends it once the node has one). The CNI config in use
+    /// keeps its own range; the CIDR is reported in the verbose status.
+    pub fn update_runtime_config(&self, req: cri::UpdateRuntimeConfigRequest) -> cri::UpdateRuntimeConfigResponse {
+        let cidr = req.runtime_config.and_then(|c| c.network_config).map(|n| n.pod_cidr).unwrap_or_default();
+        if !cidr.is_empty() {
+            tracing::info!(pod_cidr = %cidr, "pod CIDR updated");
+            *self.pod_cidr.lock().unwrap_or_else(|e| e.into_inner()) = cidr;
+        }
+        cri::UpdateRuntimeConfigResponse {}
     }
 
     /// The verbose `config` entry: handlers, their platforms and the default handler's name
@@ -82,6 +102,8 @@ impl Cri {
             "socket": c.socket,
             "cni": { "confDir": c.cni.conf_dir, "binDirs": c.cni.bin_dirs },
             "registries": c.registries,
+            "podCIDR": *self.pod_cidr.lock().unwrap_or_else(|e| e.into_inner()),
+            "monitor": self.monitor_binary,
         });
         HashMap::from([("config".to_string(), config.to_string())])
     }

@@ -1,5 +1,7 @@
 //! `berth cri`: a crictl-style CRI client — endpoints, timeout and the connection resolved once
 //! into a [`Context`], then one module per verb with crictl's flags and output.
+//!
+//! The global flags go before the verb, as with crictl: verbs reuse `-r`, `-i` and `-t`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,13 +12,34 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+mod attach;
+mod config;
+mod create;
+mod crilog;
+mod exec;
 mod imagefsinfo;
 mod images;
 mod info;
+mod inspect;
 mod inspecti;
+mod inspectp;
+mod logs;
 mod output;
+mod pods;
+mod port_forward;
+mod protojson;
+mod ps;
 mod pull;
+mod rm;
 mod rmi;
+mod rmp;
+mod runp;
+mod start;
+mod stats;
+mod statsp;
+mod stop;
+mod stopp;
+mod stream;
 mod version;
 
 pub const DEFAULT_ENDPOINT: &str = "unix:///run/berth/runtime.sock";
@@ -24,13 +47,13 @@ pub const DEFAULT_ENDPOINT: &str = "unix:///run/berth/runtime.sock";
 #[derive(clap::Args)]
 pub struct Args {
     /// Runtime endpoint.
-    #[arg(short = 'r', long, global = true, env = "CONTAINER_RUNTIME_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
+    #[arg(short = 'r', long, env = "CONTAINER_RUNTIME_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
     runtime_endpoint: String,
     /// Image endpoint; the runtime endpoint when not set.
-    #[arg(short = 'i', long, global = true, env = "IMAGE_SERVICE_ENDPOINT")]
+    #[arg(short = 'i', long, env = "IMAGE_SERVICE_ENDPOINT")]
     image_endpoint: Option<String>,
     /// Timeout of connecting and of each call except pulls (`2s`, `500ms`, `1m`, or seconds).
-    #[arg(short = 't', long, global = true, default_value = "2s", value_parser = parse_duration)]
+    #[arg(short = 't', long, default_value = "2s", value_parser = parse_duration)]
     timeout: Duration,
     #[command(subcommand)]
     verb: Verb,
@@ -52,6 +75,42 @@ enum Verb {
     Version,
     /// Show the runtime's status and handlers.
     Info(info::Args),
+    /// Run a new pod.
+    Runp(runp::Args),
+    /// Create a new container in a pod.
+    Create(create::CreateArgs),
+    /// Run a new container inside a new pod (runp, create, start).
+    Run(create::RunArgs),
+    /// Start one or more created containers.
+    Start(start::Args),
+    /// Stop one or more running containers.
+    Stop(stop::Args),
+    /// Remove one or more containers.
+    Rm(rm::Args),
+    /// Stop one or more running pods.
+    Stopp(stopp::Args),
+    /// Remove one or more pods.
+    Rmp(rmp::Args),
+    /// List containers.
+    Ps(ps::Args),
+    /// List pods.
+    Pods(pods::Args),
+    /// Display the status of one or more containers.
+    Inspect(inspect::Args),
+    /// Display the status of one or more pods.
+    Inspectp(inspectp::Args),
+    /// Fetch the logs of a container.
+    Logs(logs::Args),
+    /// Run a command in a running container.
+    Exec(exec::Args),
+    /// Attach to a running container.
+    Attach(attach::Args),
+    /// Forward local ports to a pod.
+    PortForward(port_forward::Args),
+    /// List containers' resource usage.
+    Stats(stats::Args),
+    /// List pods' resource usage.
+    Statsp(statsp::Args),
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -60,7 +119,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         image_endpoint: args.image_endpoint.clone().unwrap_or(args.runtime_endpoint),
         timeout: args.timeout,
     };
-    match args.verb {
+    let result = match args.verb {
         Verb::Pull(a) => pull::run(&ctx, a).await,
         Verb::Images(a) => images::run(&ctx, a).await,
         Verb::Rmi(a) => rmi::run(&ctx, a).await,
@@ -68,8 +127,48 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Verb::Imagefsinfo(a) => imagefsinfo::run(&ctx, a).await,
         Verb::Version => version::run(&ctx).await,
         Verb::Info(a) => info::run(&ctx, a).await,
+        Verb::Runp(a) => runp::run(&ctx, a).await,
+        Verb::Create(a) => create::run_create(&ctx, a).await,
+        Verb::Run(a) => create::run_run(&ctx, a).await,
+        Verb::Start(a) => start::run(&ctx, a).await,
+        Verb::Stop(a) => stop::run(&ctx, a).await,
+        Verb::Rm(a) => rm::run(&ctx, a).await,
+        Verb::Stopp(a) => stopp::run(&ctx, a).await,
+        Verb::Rmp(a) => rmp::run(&ctx, a).await,
+        Verb::Ps(a) => ps::run(&ctx, a).await,
+        Verb::Pods(a) => pods::run(&ctx, a).await,
+        Verb::Inspect(a) => inspect::run(&ctx, a).await,
+        Verb::Inspectp(a) => inspectp::run(&ctx, a).await,
+        Verb::Logs(a) => logs::run(&ctx, a).await,
+        Verb::Exec(a) => exec::run(&ctx, a).await,
+        Verb::Attach(a) => attach::run(&ctx, a).await,
+        Verb::PortForward(a) => port_forward::run(&ctx, a).await,
+        Verb::Stats(a) => stats::run(&ctx, a).await,
+        Verb::Statsp(a) => statsp::run(&ctx, a).await,
+    };
+    // A command's own exit status (exec) leaves as the process's, without an error message.
+    if let Err(e) = &result
+        && let Some(Exit(code)) = e.downcast_ref::<Exit>()
+    {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        std::process::exit(*code);
+    }
+    result
+}
+
+/// Ends `berth cri` with this exit status and no message.
+#[derive(Debug)]
+pub struct Exit(pub i32);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
     }
 }
+
+impl std::error::Error for Exit {}
 
 /// What every verb needs: where to connect and how long to wait.
 pub struct Context {
@@ -94,8 +193,15 @@ impl Context {
 
     /// `message` with this context's call timeout.
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        self.request_with(message, Some(self.timeout))
+    }
+
+    /// `message` with its own deadline, or none.
+    pub fn request_with<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
-        r.set_timeout(self.timeout);
+        if let Some(t) = timeout {
+            r.set_timeout(t);
+        }
         r
     }
 
@@ -182,6 +288,16 @@ pub fn rpc_error(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("rpc error: code = {:?} desc = {}", s.code(), s.message())
 }
 
+/// `what: cause` on one line, as crictl's wrapped Go errors read.
+pub fn wrap(what: impl std::fmt::Display, cause: anyhow::Error) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {cause:#}")
+}
+
+/// crictl's `--cancel-timeout`: a verb's own deadline, else the global one.
+fn cancel_timeout(ctx: &Context, own: Option<Duration>) -> Duration {
+    own.filter(|d| !d.is_zero()).unwrap_or(ctx.timeout)
+}
+
 /// The `ImageSpec` a verb sends: the reference and the handler (`""` = the runtime's default).
 fn image_spec(image: &str, handler: &str) -> cri::ImageSpec {
     cri::ImageSpec { image: image.into(), runtime_handler: handler.into(), ..Default::default() }
@@ -199,6 +315,42 @@ mod tests {
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
         assert!(parse_duration("2x").is_err());
         assert!(parse_duration("s").is_err());
+    }
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        use clap::{Args as _, FromArgMatches as _};
+        let cmd = Args::augment_args(clap::Command::new("cri"));
+        Args::from_arg_matches(&cmd.try_get_matches_from(std::iter::once("cri").chain(args.iter().copied()))?)
+    }
+
+    #[test]
+    fn every_verb_has_consistent_flags() {
+        use clap::Args as _;
+        Args::augment_args(clap::Command::new("cri")).debug_assert();
+    }
+
+    #[test]
+    fn global_flags_go_before_the_verb_and_verbs_keep_their_short_flags() {
+        let a = parse(&["-t", "5s", "-r", "unix:///x.sock", "stop", "-t", "10", "abc"]).unwrap();
+        assert_eq!(a.timeout, Duration::from_secs(5));
+        assert_eq!(a.runtime_endpoint, "unix:///x.sock");
+        let Verb::Stop(_) = a.verb else { panic!("not stop") };
+        assert!(parse(&["logs", "-t", "-f", "abc"]).is_ok());
+        assert!(parse(&["exec", "-i", "-t", "abc", "sh"]).is_ok());
+        assert!(parse(&["runp", "-r", "gvisor", "pod.json"]).is_ok());
+    }
+
+    #[test]
+    fn exec_passes_the_commands_own_flags_through() {
+        let a = parse(&["exec", "-s", "abc", "sh", "-c", "echo -n x"]).unwrap();
+        let Verb::Exec(e) = a.verb else { panic!("not exec") };
+        assert_eq!(format!("{:?}", e.cmd()), r#"["sh", "-c", "echo -n x"]"#);
+    }
+
+    #[test]
+    fn create_refuses_no_pull_with_with_pull() {
+        assert!(parse(&["create", "--no-pull", "--with-pull", "pod", "c.json", "p.json"]).is_err());
+        assert!(parse(&["create", "--with-pull", "pod", "c.json", "p.json"]).is_ok());
     }
 
     #[test]

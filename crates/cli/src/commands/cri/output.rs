@@ -132,23 +132,35 @@ pub fn human_size(bytes: u64) -> String {
         size /= 1000.0;
         unit += 1;
     }
-    format!("{}{}", go_g3(size), UNITS[unit])
+    format!("{}{}", go_g(size, 3), UNITS[unit])
 }
 
-/// Go's `%.3g`: three significant digits, trailing zeros dropped.
-fn go_g3(v: f64) -> String {
+/// Sizes as crictl's stats show them (go-units `HumanSize`): four significant digits.
+pub fn human_size4(bytes: u64) -> String {
+    const UNITS: [&str; 9] = ["B", "kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"];
+    let mut size = bytes as f64;
+    let mut unit = 0;
+    while size >= 1000.0 && unit < UNITS.len() - 1 {
+        size /= 1000.0;
+        unit += 1;
+    }
+    format!("{}{}", go_g(size, 4), UNITS[unit])
+}
+
+/// Go's `%.<precision>g`: that many significant digits, trailing zeros dropped.
+fn go_g(v: f64, precision: i32) -> String {
     if v == 0.0 {
         return "0".into();
     }
     let exp = v.abs().log10().floor() as i32;
-    let rounded = format!("{:.*e}", 2, v);
+    let rounded = format!("{:.*e}", (precision - 1) as usize, v);
     let (mantissa, e) = rounded.split_once('e').unwrap_or((&rounded, "0"));
     let e: i32 = e.parse().unwrap_or(exp);
-    if !(-4..3).contains(&e) {
+    if !(-4..precision).contains(&e) {
         let m = mantissa.trim_end_matches('0').trim_end_matches('.');
         return format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs());
     }
-    let decimals = (2 - e).max(0) as usize;
+    let decimals = (precision - 1 - e).max(0) as usize;
     let s = format!("{:.*}", decimals, v);
     if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s }
 }
@@ -204,6 +216,150 @@ pub fn table(rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// go-units `HumanDuration`, which crictl's CREATED column shows with " ago".
+pub fn human_duration(d: std::time::Duration) -> String {
+    let seconds = d.as_secs();
+    if seconds < 1 {
+        return "Less than a second".into();
+    }
+    if seconds == 1 {
+        return "1 second".into();
+    }
+    if seconds < 60 {
+        return format!("{seconds} seconds");
+    }
+    let minutes = seconds / 60;
+    if minutes == 1 {
+        return "About a minute".into();
+    }
+    if minutes < 60 {
+        return format!("{minutes} minutes");
+    }
+    let hours = (d.as_secs_f64() / 3600.0).round() as u64;
+    match hours {
+        1 => "About an hour".into(),
+        h if h < 48 => format!("{h} hours"),
+        h if h < 24 * 7 * 2 => format!("{} days", h / 24),
+        h if h < 24 * 30 * 2 => format!("{} weeks", h / 24 / 7),
+        h if h < 24 * 365 * 2 => format!("{} months", h / 24 / 30),
+        _ => format!("{} years", seconds / 3600 / 24 / 365),
+    }
+}
+
+/// crictl's CREATED cell: how long before `now_ns` the Unix-nanosecond time `ns` was.
+pub fn ago(ns: i64, now_ns: i64) -> String {
+    let d = std::time::Duration::from_nanos(now_ns.saturating_sub(ns).max(0) as u64);
+    format!("{} ago", human_duration(d))
+}
+
+/// Now, in Unix nanoseconds.
+pub fn now_ns() -> i64 {
+    jiff::Timestamp::now().as_nanosecond() as i64
+}
+
+/// Go's `time.Unix(0, ns).Format(time.RFC3339Nano)` in the local time zone, as crictl's
+/// inspect shows `createdAt`.
+pub fn rfc3339_local(ns: i64) -> String {
+    let Ok(t) = jiff::Timestamp::from_nanosecond(ns.into()) else { return ns.to_string() };
+    let zoned = t.to_zoned(jiff::tz::TimeZone::system());
+    if zoned.offset().seconds() == 0 {
+        zoned.strftime("%Y-%m-%dT%H:%M:%S%.fZ").to_string()
+    } else {
+        zoned.strftime("%Y-%m-%dT%H:%M:%S%.f%:z").to_string()
+    }
+}
+
+/// Go's zero `time.Time` formatted, which crictl prints for times not reached yet.
+pub const GO_ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// crictl's `-o` for inspect verbs.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusFormat {
+    Json,
+    Yaml,
+    GoTemplate,
+    Table,
+}
+
+/// Prints an inspect document in `format` (`Table` is the caller's).
+pub fn print_status(doc: &Value, format: StatusFormat, template: Option<&str>) -> anyhow::Result<()> {
+    match format {
+        StatusFormat::Json | StatusFormat::Table => print(doc, Format::Json),
+        StatusFormat::Yaml => print(doc, Format::Yaml),
+        StatusFormat::GoTemplate => {
+            let template = template.ok_or_else(|| anyhow::anyhow!("--template is required with -o go-template"))?;
+            println!("{}", go_template(template, doc)?);
+            Ok(())
+        }
+    }
+}
+
+/// The part of Go's text/template people use with crictl: literal text and `{{ .a.b }}` field
+/// paths (`{{.}}` the whole document); anything else is refused rather than misread.
+pub fn go_template(template: &str, doc: &Value) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find("}}").ok_or_else(|| anyhow::anyhow!("template: unclosed action"))?;
+        let action = after[..end].trim().trim_start_matches('-').trim_end_matches('-').trim();
+        let Some(path) = action.strip_prefix('.') else {
+            anyhow::bail!("template: only field paths like {{{{.status.id}}}} are supported, not {action:?}");
+        };
+        let mut v = doc;
+        for key in path.split('.').filter(|k| !k.is_empty()) {
+            v = v.get(key).unwrap_or(&Value::Null);
+        }
+        match v {
+            Value::String(s) => out.push_str(s),
+            // Go prints a missing key of a map as `<no value>`.
+            Value::Null => out.push_str("<no value>"),
+            other => out.push_str(&other.to_string()),
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Go's `%v` of a `map[string]string`: `map[a:1 b:2]`, keys sorted.
+pub fn go_map(m: &HashMap<String, String>) -> String {
+    let mut keys: Vec<_> = m.keys().collect();
+    keys.sort();
+    let items: Vec<String> = keys.into_iter().map(|k| format!("{k}:{}", m[k])).collect();
+    format!("map[{}]", items.join(" "))
+}
+
+/// `--label k=v` flags as a selector, crictl's `parseLabelStringSlice`.
+pub fn parse_labels(labels: &[String]) -> anyhow::Result<HashMap<String, String>> {
+    labels
+        .iter()
+        .map(|l| match l.split('=').collect::<Vec<_>>()[..] {
+            [k, v] => Ok((k.to_string(), v.to_string())),
+            _ => anyhow::bail!("incorrectly specified label: {l}"),
+        })
+        .collect()
+}
+
+/// crictl's `matchesRegex`: an empty pattern matches all; an invalid one matches nothing.
+pub fn matches_regex(pattern: &str, target: &str) -> bool {
+    pattern.is_empty() || regex::Regex::new(pattern).is_ok_and(|r| r.is_match(target))
+}
+
+/// Sorted `key -> value` lines of crictl's verbose and table views (nothing for an empty map).
+pub fn print_map(title: &str, m: &HashMap<String, String>) {
+    if m.is_empty() {
+        return;
+    }
+    println!("{title}:");
+    let mut keys: Vec<_> = m.keys().collect();
+    keys.sort();
+    for k in keys {
+        println!("\t{k} -> {}", m[k]);
+    }
 }
 
 #[cfg(test)]
@@ -273,5 +429,67 @@ mod tests {
         let v = status_info(json!({"id": "x"}), vec![], &info);
         assert_eq!(v, json!({"status": {"id": "x"}, "b": "plain", "info": {"a": 1}}));
         assert_eq!(v.as_object().unwrap().keys().next().unwrap(), "status");
+    }
+
+    #[test]
+    fn durations_read_like_go_units() {
+        use std::time::Duration as D;
+        assert_eq!(human_duration(D::from_millis(999)), "Less than a second");
+        assert_eq!(human_duration(D::from_secs(1)), "1 second");
+        assert_eq!(human_duration(D::from_secs(59)), "59 seconds");
+        assert_eq!(human_duration(D::from_secs(60)), "About a minute");
+        assert_eq!(human_duration(D::from_secs(119)), "About a minute");
+        assert_eq!(human_duration(D::from_secs(120)), "2 minutes");
+        assert_eq!(human_duration(D::from_secs(59 * 60 + 59)), "59 minutes");
+        assert_eq!(human_duration(D::from_secs(89 * 60)), "About an hour");
+        assert_eq!(human_duration(D::from_secs(90 * 60)), "2 hours");
+        assert_eq!(human_duration(D::from_secs(47 * 3600)), "47 hours");
+        assert_eq!(human_duration(D::from_secs(48 * 3600)), "2 days");
+        assert_eq!(human_duration(D::from_secs(14 * 86400)), "2 weeks");
+        assert_eq!(human_duration(D::from_secs(60 * 86400)), "2 months");
+        assert_eq!(human_duration(D::from_secs(800 * 86400)), "2 years");
+        assert_eq!(ago(0, 90_000_000_000), "About a minute ago");
+        assert_eq!(ago(10, 0), "Less than a second ago");
+    }
+
+    #[test]
+    fn stats_sizes_keep_four_digits() {
+        assert_eq!(human_size4(1_234_567), "1.235MB");
+        assert_eq!(human_size4(4096), "4.096kB");
+        assert_eq!(human_size4(0), "0B");
+    }
+
+    #[test]
+    fn inspect_times_are_rfc3339_with_trimmed_nanoseconds() {
+        let s = rfc3339_local(1_700_000_000_500_000_000);
+        assert!(s.contains(":20.5"), "{s}");
+        assert!(!s.contains(".50"), "{s}");
+    }
+
+    #[test]
+    fn templates_fill_field_paths_and_refuse_the_rest() {
+        let doc = json!({"status": {"id": "abc", "metadata": {"attempt": 2}}});
+        assert_eq!(go_template("id={{ .status.id }} n={{.status.metadata.attempt}}", &doc).unwrap(), "id=abc n=2");
+        assert_eq!(go_template("{{.nope}}", &doc).unwrap(), "<no value>");
+        assert!(go_template("{{range .x}}{{end}}", &doc).is_err());
+        assert!(go_template("{{.status", &doc).is_err());
+    }
+
+    #[test]
+    fn labels_need_exactly_one_equals_sign() {
+        let l = parse_labels(&["a=b".into(), "c=".into()]).unwrap();
+        assert_eq!(l["a"], "b");
+        assert_eq!(l["c"], "");
+        assert!(parse_labels(&["a".into()]).is_err());
+        assert!(parse_labels(&["a=b=c".into()]).is_err());
+    }
+
+    #[test]
+    fn name_filters_are_unanchored_regexes() {
+        assert!(matches_regex("", "x"));
+        assert!(matches_regex("^ap", "app"));
+        assert!(matches_regex("p+", "app"));
+        assert!(!matches_regex("^x", "app"));
+        assert!(!matches_regex("(", "app"));
     }
 }

@@ -55,7 +55,7 @@ pub async fn run(ctx: &Context, args: Args) -> anyhow::Result<()> {
 }
 
 /// crictl's rules: `--creds user[:password]` (an empty password is allowed), or `--auth`.
-fn auth_config(creds: Option<&str>, auth: Option<&str>) -> anyhow::Result<Option<cri::AuthConfig>> {
+pub(super) fn auth_config(creds: Option<&str>, auth: Option<&str>) -> anyhow::Result<Option<cri::AuthConfig>> {
     if let Some(creds) = creds {
         let (user, password) = creds.split_once(':').unwrap_or((creds, ""));
         if user.is_empty() {

@@ -1,0 +1,586 @@
+//! Pods and containers through the CRI RuntimeService, in-process on a temporary socket, with real
+//! runc, crun and runsc, the real CNI plugins on a bridge of the test's own, and images pulled
+//! from a real registry on loopback. Needs root (as the runtime does).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use berth_image::Images;
+use berth_runtime::config::Config;
+use berth_runtime::cri::{Cri, Options, grpc};
+use berth_runtime::server;
+use berth_testenv::Registry;
+use berth_testenv::images::{Format, busybox_image};
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The `berth-monitor` binary: `$BERTH_MONITOR_BIN`, else next to this test's target dir, built
+/// there with cargo when missing.
+fn monitor_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("BERTH_MONITOR_BIN") {
+        return bin.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let bin = profile_dir.join("berth-monitor");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.args(["build", "-q", "-p", "berth-monitor", "--bin", "berth-monitor", "--target-dir"]);
+    cargo.arg(profile_dir.parent().unwrap());
+    if profile_dir.file_name().unwrap() == "release" {
+        cargo.arg("--release");
+    }
+    let status = cargo.current_dir(env!("CARGO_MANIFEST_DIR")).status().unwrap();
+    assert!(status.success(), "building berth-monitor failed");
+    bin
+}
+
+/// One subnet per test process, so that parallel test binaries do not share a bridge.
+fn network_conflist(dir: &Path, bridge: &str, subnet: &str) -> String {
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": bridge,
+        "plugins": [
+            {
+                "type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+                "ipam": { "type": "host-local", "ranges": [[{ "subnet": subnet }]],
+                          "routes": [{ "dst": "0.0.0.0/0" }], "dataDir": dir.join("ipam") }
+            },
+            { "type": "portmap", "capabilities": { "portMappings": true } }
+        ]
+    })
+    .to_string()
+}
+
+struct Runtime {
+    dir: tempfile::TempDir,
+    cri: Arc<Cri>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), server::ServeError>>>,
+    registry: Registry,
+}
+
+impl Runtime {
+    async fn start() -> Runtime {
+        // BERTH_LOG=debug shows the runtime's own log while debugging a test.
+        if let Ok(filter) = std::env::var("BERTH_LOG") {
+            let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        }
+        let registry = Registry::start();
+        registry.push_image("busybox", "latest", &busybox_image(Format::Oci)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let cni_dir = dir.path().join("cni");
+        std::fs::create_dir_all(&cni_dir).unwrap();
+        std::fs::write(cni_dir.join("10-test.conflist"), network_conflist(dir.path(), "berthpt0", "10.203.0.0/24"))
+            .unwrap();
+        let text = format!(
+            r#"socket = {socket:?}
+root = {root:?}
+default_handler = "runc"
+[handlers.runc]
+binary = "runc"
+root = {runc_root:?}
+[handlers.crun]
+binary = "crun"
+root = {crun_root:?}
+[handlers.gvisor]
+binary = "runsc"
+args = ["--platform=ptrace", "--network=host"]
+root = {runsc_root:?}
+[cni]
+conf_dir = {cni_dir:?}
+[registries."{host}"]
+insecure = true
+"#,
+            socket = dir.path().join("run/cri.sock"),
+            root = dir.path().join("root"),
+            runc_root = dir.path().join("runc"),
+            crun_root = dir.path().join("crun"),
+            runsc_root = dir.path().join("runsc"),
+            host = registry.host(),
+        );
+        let config = Config::from_toml(&text, OsStr::new("")).unwrap();
+        let images = Images::open(config.images_config()).unwrap();
+        let listener = server::bind(&config.socket).await.unwrap();
+        let options = Options { monitor_binary: Some(monitor_binary()), netns_dir: None };
+        let cri = Cri::open(config, Arc::new(images), options).await.unwrap();
+        let routes = grpc::routes(cri.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(listener.serve(routes, async {
+            let _ = stopped.await;
+        }));
+        Runtime { dir, cri, stop: Some(stop), task: Some(task), registry }
+    }
+
+    async fn channel(&self) -> Channel {
+        let path = self.dir.path().join("run/cri.sock");
+        Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .unwrap()
+    }
+
+    async fn client(&self) -> RuntimeServiceClient<Channel> {
+        RuntimeServiceClient::new(self.channel().await)
+    }
+
+    async fn pull(&self, handler: &str) -> String {
+        let image = self.registry.reference("busybox:latest");
+        let mut images = ImageServiceClient::new(self.channel().await);
+        images
+            .pull_image(cri::PullImageRequest {
+                image: Some(cri::ImageSpec {
+                    image: image.clone(),
+                    runtime_handler: handler.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        image
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.dir.path().join("logs")
+    }
+
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.task.take().unwrap().await;
+        drop(self.cri);
+    }
+}
+
+fn pod_config(name: &str) -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: String::new(),
+        ..Default::default()
+    }
+}
+
+fn container_config(name: &str, image: &str, script: &str) -> cri::ContainerConfig {
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(cri::ImageSpec { image: image.into(), ..Default::default() }),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}.log"),
+        ..Default::default()
+    }
+}
+
+async fn status(c: &mut RuntimeServiceClient<Channel>, id: &str) -> cri::ContainerStatus {
+    c.container_status(cri::ContainerStatusRequest { container_id: id.into(), verbose: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap()
+}
+
+async fn wait_for_state(
+    c: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+    state: cri::ContainerState,
+) -> cri::ContainerStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = status(c, id).await;
+        if s.state == state as i32 {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "container {id} never reached {state:?}: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A whole pod lifecycle under one handler, checking what each step leaves on the host.
+async fn lifecycle(handler: &str) {
+    let rt = Runtime::start().await;
+    let image = rt.pull(handler).await;
+    let mut c = rt.client().await;
+    let mut pod = pod_config(&format!("web-{handler}"));
+    pod.log_directory = rt.logs().to_string_lossy().into_owned();
+    let sandbox = c
+        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(pod.clone()), runtime_handler: handler.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    let pod_status = c
+        .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox.clone(), verbose: true })
+        .await
+        .unwrap()
+        .into_inner();
+    let s = pod_status.status.unwrap();
+    assert_eq!(s.state, cri::PodSandboxState::SandboxReady as i32);
+    assert_eq!(s.runtime_handler, handler);
+    let ip = s.network.unwrap().ip;
+    assert!(ip.starts_with("10.203.0."), "pod IP {ip:?} is from the test's subnet");
+    let netns = PathBuf::from(format!("/run/berth/netns/{sandbox}"));
+    assert!(berth_runtime::reality::is_netns(&netns).unwrap(), "the pod's netns is mounted");
+
+    let script = "echo hello out; echo hello err >&2; trap 'exit 3' TERM; while true; do sleep 0.1; done";
+    let config = container_config("app", &image, script);
+    let id = c
+        .create_container(cri::CreateContainerRequest {
+            pod_sandbox_id: sandbox.clone(),
+            config: Some(config.clone()),
+            sandbox_config: Some(pod.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .container_id;
+    assert_eq!(status(&mut c, &id).await.state, cri::ContainerState::ContainerCreated as i32);
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    let running = status(&mut c, &id).await;
+    assert_eq!(running.state, cri::ContainerState::ContainerRunning as i32);
+    assert!(running.started_at > 0);
+
+    let exec = c
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sh".into(), "-c".into(), "hostname; exit 7".into()],
+            timeout: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(exec.exit_code, 7);
+    assert_eq!(String::from_utf8_lossy(&exec.stdout).trim(), format!("web-{handler}"), "the pod's hostname");
+
+    let log = rt.logs().join("app.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("hello err") && text.contains("hello out") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "log has: {text:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(text.lines().any(|l| l.ends_with(" stdout F hello out")), "{text}");
+    assert!(text.lines().any(|l| l.ends_with(" stderr F hello err")), "{text}");
+
+    let stats = c
+        .container_stats(cri::ContainerStatsRequest { container_id: id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .stats
+        .unwrap();
+    assert!(stats.writable_layer.is_some());
+    if handler != "gvisor" {
+        assert!(
+            stats.memory.and_then(|m| m.working_set_bytes).is_some_and(|w| w.value > 0),
+            "memory is read from the cgroup"
+        );
+    }
+
+    c.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 10 }).await.unwrap();
+    let exited = status(&mut c, &id).await;
+    assert_eq!(exited.state, cri::ContainerState::ContainerExited as i32);
+    assert_eq!(exited.exit_code, 3, "the TERM trap's exit code");
+    assert_eq!(exited.reason, "Error");
+
+    c.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await.unwrap();
+    let e =
+        c.container_status(cri::ContainerStatusRequest { container_id: id.clone(), verbose: false }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    assert!(!netns.exists(), "stop removed the netns");
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    let pods = c.list_pod_sandbox(cri::ListPodSandboxRequest::default()).await.unwrap().into_inner().items;
+    assert!(pods.is_empty());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&sandbox) && !mounts.contains(&id), "no mount of the pod or container is left");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runc_pod_runs_logs_execs_stops_and_leaves_nothing_behind() {
+    lifecycle("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crun_pod_runs_logs_execs_stops_and_leaves_nothing_behind() {
+    lifecycle("crun").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_pod_runs_logs_execs_stops_and_leaves_nothing_behind() {
+    lifecycle("gvisor").await;
+}
+
+async fn run_pod(
+    c: &mut RuntimeServiceClient<Channel>,
+    rt: &Runtime,
+    name: &str,
+    handler: &str,
+) -> (String, cri::PodSandboxConfig) {
+    let mut pod = pod_config(name);
+    pod.log_directory = rt.logs().to_string_lossy().into_owned();
+    let id = c
+        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(pod.clone()), runtime_handler: handler.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    (id, pod)
+}
+
+async fn create(
+    c: &mut RuntimeServiceClient<Channel>,
+    sandbox: &str,
+    pod: &cri::PodSandboxConfig,
+    config: cri::ContainerConfig,
+) -> Result<String, tonic::Status> {
+    c.create_container(cri::CreateContainerRequest {
+        pod_sandbox_id: sandbox.into(),
+        config: Some(config),
+        sandbox_config: Some(pod.clone()),
+    })
+    .await
+    .map(|r| r.into_inner().container_id)
+}
+
+/// Mounts, netns files and berth-pause processes on the host that mention any of `ids`.
+fn leaks(ids: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for line in mounts.lines() {
+        if ids.iter().any(|id| line.contains(id)) {
+            found.push(format!("mount: {line}"));
+        }
+    }
+    for id in ids {
+        if Path::new("/run/berth/netns").join(id).exists() {
+            found.push(format!("netns: {id}"));
+        }
+        for controller in ["memory", "cpu", "pids"] {
+            let cgroup = Path::new("/sys/fs/cgroup").join(controller).join("berth").join(id);
+            if cgroup.exists() {
+                found.push(format!("cgroup: {}", cgroup.display()));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn illegal_transitions_and_bad_requests_get_clear_errors_and_leak_nothing() {
+    let rt = Runtime::start().await;
+    let image = rt.pull("runc").await;
+    let mut c = rt.client().await;
+    let code = |r: Result<tonic::Response<_>, tonic::Status>| match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => (e.code(), e.message().to_string()),
+    };
+
+    // Unknown handler: InvalidArgument naming it and the configured ones.
+    let (code_, message) = code(
+        c.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(pod_config("x")), runtime_handler: "kata".into() })
+            .await,
+    );
+    assert_eq!(code_, tonic::Code::InvalidArgument);
+    assert!(message.contains("\"kata\"") && message.contains("crun, gvisor, runc"), "{message}");
+
+    let (sandbox, pod) = run_pod(&mut c, &rt, "bad", "runc").await;
+    // The same pod (name, namespace, uid, attempt) twice: AlreadyExists naming the holder.
+    let (code_, message) = code(
+        c.run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(pod.clone()), runtime_handler: String::new() })
+            .await,
+    );
+    assert_eq!(code_, tonic::Code::AlreadyExists, "{message}");
+    assert!(message.contains(&sandbox), "{message}");
+
+    // Missing image: NotFound naming it and the handler.
+    let e = create(&mut c, &sandbox, &pod, container_config("a", "127.0.0.1:1/none:1", "true")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    assert!(e.message().contains("127.0.0.1:1/none:1") && e.message().contains("runc"), "{}", e.message());
+
+    // A relative host path: InvalidArgument, and the name stays free.
+    let mut bad = container_config("a", &image, "true");
+    bad.mounts.push(cri::Mount {
+        container_path: "/data".into(),
+        host_path: "relative/dir".into(),
+        ..Default::default()
+    });
+    let e = create(&mut c, &sandbox, &pod, bad).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
+    assert!(e.message().contains("relative/dir"), "{}", e.message());
+    // A command that does not exist: the OCI runtime's create fails, nothing is left.
+    let mut missing = container_config("a", &image, "true");
+    missing.command = vec!["/no/such/binary".into()];
+    let e = create(&mut c, &sandbox, &pod, missing).await.unwrap_err();
+    assert!(e.message().contains("/no/such/binary"), "{}", e.message());
+
+    let id = create(&mut c, &sandbox, &pod, container_config("a", &image, "sleep 60")).await.unwrap();
+    // The same container name and attempt in the pod: AlreadyExists.
+    let e = create(&mut c, &sandbox, &pod, container_config("a", &image, "sleep 60")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::AlreadyExists, "{}", e.message());
+    // Exec before start: FailedPrecondition.
+    let e = c
+        .exec_sync(cri::ExecSyncRequest { container_id: id.clone(), cmd: vec!["true".into()], timeout: 5 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    // Start twice: an illegal transition.
+    let e = c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    assert!(e.message().contains("running"), "{}", e.message());
+    // ExecSync past its timeout: DeadlineExceeded.
+    let e = c
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sleep".into(), "30".into()],
+            timeout: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{}", e.message());
+
+    // A stopped sandbox takes no new containers.
+    c.stop_pod_sandbox(cri::StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    assert_eq!(
+        status(&mut c, &id).await.state,
+        cri::ContainerState::ContainerExited as i32,
+        "stop pod stops its containers"
+    );
+    let e = create(&mut c, &sandbox, &pod, container_config("b", &image, "true")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    // Remove the pod (and its container), then every verb on them is NotFound, removes succeed.
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    let e = c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    let e = c.stop_container(cri::StopContainerRequest { container_id: id.clone(), timeout: 0 }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{}", e.message());
+    c.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await.unwrap();
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    let e = c
+        .pod_sandbox_status(cri::PodSandboxStatusRequest { pod_sandbox_id: sandbox.clone(), verbose: false })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert_eq!(leaks(&[&sandbox, &id]), Vec::<String>::new());
+    let containers = std::fs::read_dir(rt.dir.path().join("root/containers")).unwrap().count();
+    assert_eq!(containers, 0, "no container directory is left after failed creates");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exit_is_recorded_with_its_code_and_streamed_as_events() {
+    let rt = Runtime::start().await;
+    let image = rt.pull("runc").await;
+    let mut c = rt.client().await;
+    let mut events = rt.client().await.get_container_events(cri::GetEventsRequest {}).await.unwrap().into_inner();
+    let (sandbox, pod) = run_pod(&mut c, &rt, "events", "runc").await;
+    let mut config = container_config("job", &image, "echo done; exit 0");
+    config.labels.insert("role".into(), "job".into());
+    let id = create(&mut c, &sandbox, &pod, config).await.unwrap();
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    let exited = wait_for_state(&mut c, &id, cri::ContainerState::ContainerExited).await;
+    assert_eq!((exited.exit_code, exited.reason.as_str()), (0, "Completed"));
+    assert!(exited.finished_at >= exited.started_at && exited.started_at > 0);
+
+    // Filters: by label, by state, by sandbox.
+    let list = |f: cri::ContainerFilter| cri::ListContainersRequest { filter: Some(f) };
+    let by_label = c
+        .list_containers(list(cri::ContainerFilter {
+            label_selector: [("role".to_string(), "job".to_string())].into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert_eq!(by_label.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), [id.as_str()]);
+    let running = c
+        .list_containers(list(cri::ContainerFilter {
+            state: Some(cri::ContainerStateValue { state: cri::ContainerState::ContainerRunning as i32 }),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .containers;
+    assert!(running.is_empty());
+
+    c.remove_container(cri::RemoveContainerRequest { container_id: id.clone() }).await.unwrap();
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    let mut kinds = Vec::new();
+    while kinds.len() < 4 {
+        let e = tokio::time::timeout(Duration::from_secs(10), events.message()).await.unwrap().unwrap().unwrap();
+        assert_eq!(e.container_id, id);
+        kinds.push(e.container_event_type);
+    }
+    use cri::ContainerEventType::*;
+    let want = [ContainerCreatedEvent, ContainerStartedEvent, ContainerStoppedEvent, ContainerDeletedEvent];
+    assert_eq!(kinds, want.map(|k| k as i32));
+    // An open event stream would hold the server's graceful shutdown.
+    drop(events);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_reopened_on_request_and_resources_update_the_cgroup() {
+    let rt = Runtime::start().await;
+    let image = rt.pull("runc").await;
+    let mut c = rt.client().await;
+    let (sandbox, pod) = run_pod(&mut c, &rt, "ops", "runc").await;
+    let id =
+        create(&mut c, &sandbox, &pod, container_config("tick", &image, "while true; do echo tick; sleep 0.1; done"))
+            .await
+            .unwrap();
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    let log = rt.logs().join("tick.log");
+    let rotated = rt.logs().join("tick.log.1");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::rename(&log, &rotated).unwrap();
+    c.reopen_container_log(cri::ReopenContainerLogRequest { container_id: id.clone() }).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("tick") {
+        assert!(Instant::now() < deadline, "nothing written to the reopened log");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(std::fs::read_to_string(&rotated).unwrap().contains("tick"));
+
+    let limit = 64 * 1024 * 1024;
+    c.update_container_resources(cri::UpdateContainerResourcesRequest {
+        container_id: id.clone(),
+        linux: Some(cri::LinuxContainerResources { memory_limit_in_bytes: limit, ..Default::default() }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let cgroup = Path::new("/sys/fs/cgroup/memory/berth").join(&sandbox).join(&id).join("memory.limit_in_bytes");
+    assert_eq!(std::fs::read_to_string(cgroup).unwrap().trim(), limit.to_string());
+    let reported = status(&mut c, &id).await.resources.and_then(|r| r.linux).unwrap();
+    assert_eq!(reported.memory_limit_in_bytes, limit);
+
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    // Stopped: reopening is refused.
+    let e = c.reopen_container_log(cri::ReopenContainerLogRequest { container_id: id }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    rt.shutdown().await;
+}
