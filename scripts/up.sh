@@ -8,8 +8,10 @@ LOG="${BERTH_LOG_FILE:-/var/log/berth-server.log}"
 RUNTIME_LOG="${BERTH_RUNTIME_LOG_FILE:-/var/log/berth-runtime.log}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/berth-target}"
 bash scripts/install-deps.sh
-cargo build --release --locked -p berth
+cargo build --release --locked -p berth -p berth-monitor
 install -m 0755 "$CARGO_TARGET_DIR/release/berth" /usr/local/bin/berth
+# The per-container monitor: berth runtime looks for it next to its own executable.
+install -m 0755 "$CARGO_TARGET_DIR/release/berth-monitor" /usr/local/bin/berth-monitor
 
 if [[ -f "$DATA_DIR/server.pid" ]] && kill -0 "$(cat "$DATA_DIR/server.pid")" 2>/dev/null; then
   echo "up: berth server already running (pid $(cat "$DATA_DIR/server.pid")), restarting it"

@@ -1,6 +1,8 @@
-//! `berth-bench`: latency and throughput of the berth API on SQLite and on etcd, next to raw etcd.
+//! `berth-bench`: berth's API, image pulls and CRI pods, each next to its floor or reference
+//! measured in the same run.
 
 mod api;
+mod cri;
 mod etcd_server;
 mod image;
 mod raw_etcd;
@@ -19,7 +21,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::stats::Figure;
 
 #[derive(Parser)]
-#[command(name = "berth-bench", about = "Benchmarks of the berth control plane")]
+#[command(name = "berth-bench", about = "Benchmarks of berth: control plane, image pulls, CRI runtime")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -31,6 +33,8 @@ enum Command {
     Api(ApiArgs),
     /// Image pull and unpack throughput from a loopback registry, next to `skopeo copy`.
     Image(image::ImageArgs),
+    /// CRI pod lifecycles under runc, crun and gVisor, next to the raw OCI runtimes and containerd.
+    Cri(cri::CriArgs),
 }
 
 #[derive(Args)]
@@ -59,6 +63,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Api(args) => api_bench(args).await,
         Command::Image(args) => image::run(args).await,
+        Command::Cri(args) => cri::run(args).await,
     }
 }
 

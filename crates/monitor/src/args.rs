@@ -2,13 +2,18 @@
 //! both sides share one definition.
 //!
 //! ```text
-//! berth-monitor --id ID --state-dir DIR --pid-file FILE [--log-path FILE] -- CREATE-ARGV...
+//! berth-monitor --id ID --state-dir DIR --pid-file FILE [--log-path FILE]
+//!     [--stdin [--stdin-once]] [--attach-socket PATH] -- CREATE-ARGV...
 //! ```
 //!
 //! `CREATE-ARGV` is the OCI runtime's create command (`runc --root R create --bundle B --pid-file
 //! FILE ID`); the monitor runs it with the container's stdout and stderr pipes as its own and reads
 //! the container's pid from `--pid-file` afterwards. All paths should be absolute: the monitor
 //! changes to `/` once the container exists. `--detached` is internal (the second stage).
+//!
+//! `--stdin` gives the container a pipe as stdin, held open by the monitor (else /dev/null);
+//! `--attach-socket` serves the attach protocol ([`crate::attach`]) at PATH, whose clients' input
+//! goes to that pipe; `--stdin-once` closes it when the first client's input ends.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -37,6 +42,12 @@ pub struct MonitorArgs {
     pub pid_file: PathBuf,
     /// The CRI log file; without it the output is read and discarded.
     pub log_path: Option<PathBuf>,
+    /// Give the container a stdin pipe that attach clients write to (else /dev/null).
+    pub stdin: bool,
+    /// Close the container's stdin when the first attach client's input ends (with `stdin`).
+    pub stdin_once: bool,
+    /// Where to serve the attach protocol; `None`: no attach.
+    pub attach_socket: Option<PathBuf>,
     /// The OCI runtime's create command.
     pub create_command: Vec<OsString>,
     /// Set on the second stage, which does the work after the first one detached it.
@@ -53,6 +64,15 @@ impl MonitorArgs {
         if let Some(log) = &self.log_path {
             out.extend(["--log-path".into(), log.clone().into()]);
         }
+        if self.stdin {
+            out.push("--stdin".into());
+        }
+        if self.stdin_once {
+            out.push("--stdin-once".into());
+        }
+        if let Some(socket) = &self.attach_socket {
+            out.extend(["--attach-socket".into(), socket.clone().into()]);
+        }
         if self.detached {
             out.push("--detached".into());
         }
@@ -65,19 +85,27 @@ impl MonitorArgs {
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, ArgsError> {
         let mut args = args.into_iter();
         let (mut id, mut state_dir, mut pid_file, mut log_path) = (None, None, None, None);
-        let mut detached = false;
+        let mut attach_socket = None;
+        let (mut detached, mut stdin, mut stdin_once) = (false, false, false);
         loop {
             let Some(arg) = args.next() else { return Err(ArgsError::NoCommand) };
+            let flag = match arg.to_str() {
+                Some("--detached") => Some(&mut detached),
+                Some("--stdin") => Some(&mut stdin),
+                Some("--stdin-once") => Some(&mut stdin_once),
+                _ => None,
+            };
+            if let Some(flag) = flag {
+                *flag = true;
+                continue;
+            }
             let slot = match arg.to_str() {
                 Some("--") => break,
-                Some("--detached") => {
-                    detached = true;
-                    continue;
-                }
                 Some("--id") => &mut id,
                 Some("--state-dir") => &mut state_dir,
                 Some("--pid-file") => &mut pid_file,
                 Some("--log-path") => &mut log_path,
+                Some("--attach-socket") => &mut attach_socket,
                 _ => return Err(ArgsError::Unknown(arg.to_string_lossy().into_owned())),
             };
             let value = args.next().ok_or_else(|| ArgsError::MissingValue(arg.to_string_lossy().into_owned()))?;
@@ -92,6 +120,9 @@ impl MonitorArgs {
             state_dir: state_dir.ok_or(ArgsError::Missing("--state-dir"))?.into(),
             pid_file: pid_file.ok_or(ArgsError::Missing("--pid-file"))?.into(),
             log_path: log_path.map(PathBuf::from),
+            stdin,
+            stdin_once,
+            attach_socket: attach_socket.map(PathBuf::from),
             create_command,
             detached,
         })
@@ -118,11 +149,21 @@ mod tests {
             state_dir: "/s".into(),
             pid_file: "/s/pid".into(),
             log_path: Some("/l/0.log".into()),
+            stdin: true,
+            stdin_once: true,
+            attach_socket: Some("/run/berth/attach/c1.sock".into()),
             create_command: args(&["runc", "create", "--bundle", "/b", "c1"]),
             detached: true,
         };
         assert_eq!(MonitorArgs::parse(original.to_args()).unwrap(), original);
-        let no_log = MonitorArgs { log_path: None, detached: false, ..original };
+        let no_log = MonitorArgs {
+            log_path: None,
+            detached: false,
+            stdin: false,
+            stdin_once: false,
+            attach_socket: None,
+            ..original
+        };
         assert_eq!(MonitorArgs::parse(no_log.to_args()).unwrap(), no_log);
     }
 

@@ -6,15 +6,16 @@
 //! starts the second (`--detached`) and exits at once; the second starts a new session, becomes
 //! the child subreaper (the container's init, left behind by `runc create`, is reparented to it)
 //! and writes its report to the stdout it inherited (the launcher's sync pipe), then points its
-//! stdio at /dev/null. One thread, one poll(2) loop over the two pipes and a signalfd (SIGCHLD to
-//! reap, SIGUSR1 to reopen the log).
+//! stdio at /dev/null. One thread, one poll(2) loop over the two pipes, a signalfd (SIGCHLD to
+//! reap, SIGUSR1 to reopen the log) and, with `--attach-socket`, the attach socket, its clients
+//! and the container's stdin pipe ([`crate::attach`]).
 
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
@@ -25,6 +26,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, pipe2, read};
 
 use crate::args::MonitorArgs;
+use crate::attach::server::{AttachServer, Polled};
 use crate::cri_log::{DEFAULT_MAX_LINE, LineAssembler, LogError, LogFile, LogWriter, Sink, Stream};
 use crate::oom::OomCounter;
 use crate::report::Report;
@@ -37,6 +39,8 @@ const MAX_CREATE_OUTPUT: usize = 64 * 1024;
 /// Reads per pipe after the init exited: 4 MiB, more than a pipe buffers (1 MiB at most by
 /// default, `/proc/sys/fs/pipe-max-size`).
 const MAX_DRAIN_READS: usize = 256;
+/// How long attach clients get to take their last output and the exit frame.
+const ATTACH_FINISH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Failures of the monitor process.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +61,8 @@ pub enum DaemonError {
     ContainerPid { path: PathBuf, source: io::Error },
     #[error("container pid {pid} is not a child of the monitor (the container exists; delete it)")]
     NotAChild { pid: i32 },
+    #[error("serving attach on {path}")]
+    AttachSocket { path: PathBuf, source: io::Error },
     #[error("waiting for events")]
     Poll { source: Errno },
     #[error("recording the exit")]
@@ -101,7 +107,28 @@ fn detach(args: &MonitorArgs) -> Result<i32, DaemonError> {
 /// One of the container's output pipes.
 struct Pipe {
     fd: OwnedFd,
+    stream: Stream,
     lines: LineAssembler,
+}
+
+impl Pipe {
+    fn new(fd: OwnedFd, stream: Stream) -> Self {
+        Pipe { fd, stream, lines: LineAssembler::new(stream, DEFAULT_MAX_LINE) }
+    }
+}
+
+/// Where the container's output goes: the CRI log and attach clients.
+struct Outputs {
+    log: LogWriter,
+    attach: Option<AttachServer>,
+}
+
+/// What poll(2) reported ready.
+struct Events {
+    signalled: bool,
+    pipes: [bool; 2],
+    attach: Vec<Polled>,
+    attach_ready: Vec<PollFlags>,
 }
 
 /// What the monitor learned when the container's init was reaped.
@@ -134,7 +161,7 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
     // Unsynced: it is on the path of every container create, and a host crash ends the monitor.
     write_atomic(&monitor_pid_file, format!("{}\n", std::process::id()).as_bytes(), Durability::Unsynced)
         .map_err(|source| DaemonError::MonitorPid { source })?;
-    let mut log = LogWriter::new(match &args.log_path {
+    let log = LogWriter::new(match &args.log_path {
         Some(path) => Sink::File(LogFile::open(path)?),
         None => Sink::Discard,
     });
@@ -144,10 +171,32 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
     for fd in [&out_r, &err_r] {
         fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(setup("nonblocking pipe"))?;
     }
+    // The container's stdin: a pipe whose write end only the monitor holds (close-on-exec), so
+    // that the container sees EOF exactly when the monitor closes it.
+    let (stdin_r, mut stdin_w) = match args.stdin {
+        true => {
+            let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(setup("pipe"))?;
+            fcntl(&w, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(setup("nonblocking pipe"))?;
+            (Stdio::from(r), Some(File::from(w)))
+        }
+        false => (Stdio::null(), None),
+    };
+    // Listening before the container exists: a client attached before `start` misses nothing.
+    let attach = match &args.attach_socket {
+        Some(path) => Some(
+            AttachServer::bind(path, stdin_w.take(), args.stdin_once)
+                .map_err(|source| DaemonError::AttachSocket { path: path.clone(), source })?,
+        ),
+        None => None,
+    };
+    // Without an attach socket the write end is only held (until the monitor exits): the
+    // container's stdin stays open, as CRI `stdin` asks, though nobody writes to it.
+    let _held_stdin = stdin_w;
+    let mut outputs = Outputs { log, attach };
     let program = args.program().to_string_lossy().into_owned();
     let status = Command::new(args.program())
         .args(&args.create_command[1..])
-        .stdin(Stdio::null())
+        .stdin(stdin_r)
         .stdout(Stdio::from(out_w))
         .stderr(Stdio::from(err_w))
         .status()
@@ -174,45 +223,45 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
     quiet_stdio();
     let _ = std::env::set_current_dir("/");
 
-    let mut pipes = [
-        Some(Pipe { fd: out_r, lines: LineAssembler::new(Stream::Stdout, DEFAULT_MAX_LINE) }),
-        Some(Pipe { fd: err_r, lines: LineAssembler::new(Stream::Stderr, DEFAULT_MAX_LINE) }),
-    ];
+    let mut pipes = [Some(Pipe::new(out_r, Stream::Stdout)), Some(Pipe::new(err_r, Stream::Stderr))];
     let mut buf = vec![0u8; DEFAULT_MAX_LINE];
     crate::trim::drop_file_pages();
     while reaped.is_none() {
-        let (signalled, ready) = wait_for_events(&signals, &pipes)?;
-        for (slot, ready) in pipes.iter_mut().zip(ready) {
+        let events = wait_for_events(&signals, &pipes, outputs.attach.as_ref())?;
+        for (slot, ready) in pipes.iter_mut().zip(events.pipes) {
             if ready {
-                read_once(slot, &mut buf, &mut log);
+                read_once(slot, &mut buf, &mut outputs);
             }
         }
-        if signalled {
+        if let Some(attach) = &mut outputs.attach {
+            attach.handle(&events.attach, &events.attach_ready, &mut buf);
+        }
+        if events.signalled {
             while let Ok(Some(info)) = signals.read_signal() {
                 match Signal::try_from(info.ssi_signo as i32) {
                     Ok(Signal::SIGCHLD) => reaped = reaped.or(reap_children(container)),
                     Ok(Signal::SIGUSR1) => {
-                        let _ = log.reopen();
+                        let _ = outputs.log.reopen();
                     }
                     _ => {}
                 }
             }
         }
-        log.flush();
+        outputs.log.flush();
     }
 
     // The init is gone; what it wrote is still in the pipes. Other holders of the pipes (in a
     // shared pid namespace) are not waited for, and cannot keep the monitor reading forever.
     for slot in &mut pipes {
         let mut reads = 0;
-        while reads < MAX_DRAIN_READS && read_once(slot, &mut buf, &mut log) {
+        while reads < MAX_DRAIN_READS && read_once(slot, &mut buf, &mut outputs) {
             reads += 1;
         }
         if let Some(pipe) = slot {
-            pipe.lines.finish(&mut log);
+            pipe.lines.finish(&mut outputs.log);
         }
     }
-    log.flush();
+    outputs.log.flush();
 
     let reaped = reaped.expect("the loop ends when the init is reaped");
     let oom_after = oom.as_ref().and_then(OomCounter::read);
@@ -223,18 +272,31 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
         oom_killed: matches!((oom_before, oom_after), (Some(before), Some(after)) if after > before),
     };
     write_exit(&args.state_dir, &exit).map_err(|source| DaemonError::Exit { source })?;
+    // After exit.json: a client told the exit code finds the container exited.
+    if let Some(attach) = outputs.attach.take() {
+        attach.finish(exit.exit_code, ATTACH_FINISH_TIMEOUT);
+    }
     let _ = fs::remove_file(&monitor_pid_file);
     Ok(0)
 }
 
-/// Blocks until a signal or pipe is ready; says which.
-fn wait_for_events(signals: &SignalFd, pipes: &[Option<Pipe>; 2]) -> Result<(bool, [bool; 2]), DaemonError> {
+/// Blocks until a signal, pipe or attach descriptor is ready; says which.
+fn wait_for_events(
+    signals: &SignalFd,
+    pipes: &[Option<Pipe>; 2],
+    attach: Option<&AttachServer>,
+) -> Result<Events, DaemonError> {
     let mut fds = Vec::with_capacity(3);
     fds.push(PollFd::new(signals.as_fd(), PollFlags::POLLIN));
     let open: Vec<usize> = (0..2).filter(|&i| pipes[i].is_some()).collect();
     for &i in &open {
         let pipe = pipes[i].as_ref().expect("filtered on is_some");
         fds.push(PollFd::new(pipe.fd.as_fd(), PollFlags::POLLIN));
+    }
+    let attach_start = fds.len();
+    let mut polled = Vec::new();
+    if let Some(attach) = attach {
+        attach.register(&mut fds, &mut polled);
     }
     loop {
         match poll(&mut fds, PollTimeout::NONE) {
@@ -248,22 +310,26 @@ fn wait_for_events(signals: &SignalFd, pipes: &[Option<Pipe>; 2]) -> Result<(boo
     for (k, &i) in open.iter().enumerate() {
         ready[i] = is_ready(&fds[k + 1]);
     }
-    Ok((is_ready(&fds[0]), ready))
+    let attach_ready = fds[attach_start..].iter().map(|fd| fd.revents().unwrap_or(PollFlags::empty())).collect();
+    Ok(Events { signalled: is_ready(&fds[0]), pipes: ready, attach: polled, attach_ready })
 }
 
-/// Reads once from a pipe into the log lines; closes it at EOF or on an error. Returns whether
-/// something was read.
-fn read_once(slot: &mut Option<Pipe>, buf: &mut [u8], log: &mut LogWriter) -> bool {
+/// Reads once from a pipe into the log lines and to attach clients; closes it at EOF or on an
+/// error. Returns whether something was read.
+fn read_once(slot: &mut Option<Pipe>, buf: &mut [u8], outputs: &mut Outputs) -> bool {
     let Some(pipe) = slot else { return false };
     match read(&pipe.fd, buf) {
         Ok(0) | Err(Errno::EBADF | Errno::EINVAL | Errno::EIO) => {
-            pipe.lines.finish(log);
+            pipe.lines.finish(&mut outputs.log);
             *slot = None;
             false
         }
         Ok(n) => {
-            log.stamp(SystemTime::now());
-            pipe.lines.push(&buf[..n], log);
+            outputs.log.stamp(SystemTime::now());
+            pipe.lines.push(&buf[..n], &mut outputs.log);
+            if let Some(attach) = &mut outputs.attach {
+                attach.broadcast(pipe.stream, &buf[..n]);
+            }
             true
         }
         Err(_) => false, // EAGAIN, EINTR: nothing now

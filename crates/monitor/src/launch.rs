@@ -28,6 +28,16 @@ pub struct LaunchOptions {
     pub pid_file: PathBuf,
     /// The OCI runtime's create command, program first; absolute paths.
     pub create_command: Vec<OsString>,
+    /// Give the container a stdin pipe for attach clients to write to (CRI `stdin`); without it
+    /// the container's stdin is /dev/null.
+    pub stdin: bool,
+    /// Close the container's stdin when the first attach client's input ends (CRI `stdin_once`;
+    /// only with `stdin`).
+    pub stdin_once: bool,
+    /// Serve the attach protocol ([`crate::attach`]) on a unix socket here, from before `create`
+    /// until the container exits. A short absolute path (`sun_path` holds 107 bytes), such as
+    /// `/run/berth/attach/<id>.sock`; the parent dir is created.
+    pub attach_socket: Option<PathBuf>,
 }
 
 /// A running monitor and the container it watches.
@@ -63,6 +73,9 @@ pub fn launch(options: &LaunchOptions) -> Result<MonitorHandle, MonitorError> {
         state_dir: options.state_dir.clone(),
         pid_file: options.pid_file.clone(),
         log_path: options.log_path.clone(),
+        stdin: options.stdin,
+        stdin_once: options.stdin_once,
+        attach_socket: options.attach_socket.clone(),
         create_command: options.create_command.clone(),
         detached: false,
     };
@@ -105,6 +118,9 @@ mod tests {
             log_path: None,
             pid_file: "/nonexistent/pid".into(),
             create_command: vec!["true".into()],
+            stdin: false,
+            stdin_once: false,
+            attach_socket: None,
         }
     }
 

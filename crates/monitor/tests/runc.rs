@@ -1,11 +1,15 @@
 //! Integration tests of the monitor with the real `runc` (root required) and busybox bundles.
 
 use std::fs;
+use std::io::Write;
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use berth_monitor::attach::{Frame, read_frame};
 use berth_monitor::{
     ContainerExit, LaunchOptions, MonitorError, MonitorHandle, is_alive, launch, read_exit, reopen_log,
 };
@@ -72,6 +76,9 @@ impl Fixture {
                 pid_file.into(),
                 self.id.clone().into(),
             ],
+            stdin: false,
+            stdin_once: false,
+            attach_socket: None,
         }
     }
 
@@ -102,6 +109,58 @@ impl Fixture {
     fn log(&self) -> Vec<LogLine> {
         read_log(&self.log_path())
     }
+
+    /// In a subdirectory that does not exist yet: the monitor creates it.
+    fn attach_path(&self) -> PathBuf {
+        self.dir.join("attach/c.sock")
+    }
+
+    /// Options with a stdin pipe and the attach socket.
+    fn attach_options(&self) -> LaunchOptions {
+        LaunchOptions { stdin: true, attach_socket: Some(self.attach_path()), ..self.options() }
+    }
+
+    fn connect(&self) -> UnixStream {
+        let stream = UnixStream::connect(self.attach_path()).expect("the attach socket accepts clients");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+    }
+}
+
+/// What an attach client has received so far.
+#[derive(Debug, Default)]
+struct Received {
+    stdout: Vec<Vec<u8>>,
+    stderr: Vec<u8>,
+    exit: Option<i32>,
+    /// The connection ended (after the exit frame, or without one if the client was dropped).
+    closed: bool,
+}
+
+impl Received {
+    fn stdout_bytes(&self) -> Vec<u8> {
+        self.stdout.concat()
+    }
+
+    /// Reads frames until `done` holds (or the connection ends); panics on a protocol error or
+    /// after the 10 s read timeout.
+    fn read_until(&mut self, client: &mut UnixStream, done: impl Fn(&Received) -> bool) {
+        while !done(self) && !self.closed {
+            match read_frame(client).expect("a well-formed frame within 10 s") {
+                Some(Frame::Stdout(data)) => self.stdout.push(data),
+                Some(Frame::Stderr(data)) => self.stderr.extend_from_slice(&data),
+                Some(Frame::Exit(code)) => {
+                    assert_eq!(self.exit, None, "one exit frame");
+                    self.exit = Some(code);
+                }
+                None => self.closed = true,
+            }
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 impl Drop for Fixture {
@@ -349,5 +408,128 @@ fn a_container_killed_by_the_oom_killer_is_recorded_as_oom_killed() {
     fx.start();
     let exit = fx.wait_exit();
     assert_eq!((exit.signal, exit.oom_killed), (Some(9), true), "{exit:?}");
+    assert_monitor_exits(&handle);
+}
+
+#[test]
+fn attached_clients_see_the_output_of_what_they_write_to_stdin_then_the_exit_code() {
+    let fx = Fixture::new("attach", &["sh"]);
+    let handle = launch(&fx.attach_options()).unwrap();
+    let (mut a, mut b) = (fx.connect(), fx.connect());
+    let (mut got_a, mut got_b) = (Received::default(), Received::default());
+    fx.start();
+
+    a.write_all(b"echo hello\n").unwrap();
+    for (client, got) in [(&mut a, &mut got_a), (&mut b, &mut got_b)] {
+        got.read_until(client, |r| !r.stdout.is_empty());
+        assert_eq!(got.stdout, [b"hello\n".to_vec()], "one stdout frame");
+    }
+    // The second client's input goes to the same stdin; its output to both.
+    b.write_all(b"echo oops >&2\n").unwrap();
+    for (client, got) in [(&mut a, &mut got_a), (&mut b, &mut got_b)] {
+        got.read_until(client, |r| contains(&r.stderr, b"oops\n"));
+    }
+    a.write_all(b"exit 3\n").unwrap();
+    for (client, got) in [(&mut a, &mut got_a), (&mut b, &mut got_b)] {
+        got.read_until(client, |_| false);
+        assert_eq!((got.exit, got.closed), (Some(3), true), "{got:?}");
+        assert_eq!(got.stdout_bytes(), b"hello\n");
+    }
+
+    assert_eq!(read_exit(&fx.state_dir()).unwrap().map(|e| e.exit_code), Some(3), "exit.json precedes the frame");
+    let lines = container_lines(&fx.log());
+    assert!(lines.contains(&("stdout".into(), "F".into(), "hello".into())), "{lines:?}");
+    assert!(lines.contains(&("stderr".into(), "F".into(), "oops".into())), "{lines:?}");
+    assert_monitor_exits(&handle);
+    assert!(!fx.attach_path().exists(), "the socket is removed");
+}
+
+#[test]
+fn a_client_that_never_reads_does_not_stall_the_container_or_its_log() {
+    let size = 4 << 20;
+    let script = format!("head -c {size} /dev/zero | tr '\\0' x; echo; echo done");
+    let fx = Fixture::new("stalled", &["sh", "-c", &script]);
+    let handle = launch(&fx.attach_options()).unwrap();
+    let mut stalled = fx.connect();
+    fx.start();
+    let exit = fx.wait_exit();
+    assert_eq!(exit.exit_code, 0);
+    let log = fx.log();
+    let xs: usize = log.iter().filter(|l| l.stream == "stdout" && l.content != "done").map(|l| l.content.len()).sum();
+    assert_eq!(xs, size, "all output is logged");
+    assert!(container_lines(&log).contains(&("stdout".into(), "F".into(), "done".into())));
+
+    // Dropped when it fell a megabyte behind: what it gets is a prefix, then EOF without an exit.
+    let mut got = Received::default();
+    got.read_until(&mut stalled, |_| false);
+    let received = got.stdout_bytes();
+    assert!(received.len() < size && received.iter().all(|&b| b == b'x'), "{} bytes", received.len());
+    assert_eq!(got.exit, None);
+    assert_monitor_exits(&handle);
+}
+
+#[test]
+fn with_stdin_once_the_container_sees_eof_when_the_first_clients_input_ends() {
+    let fx = Fixture::new("stdinonce", &["cat"]);
+    let handle = launch(&LaunchOptions { stdin_once: true, ..fx.attach_options() }).unwrap();
+    let mut client = fx.connect();
+    fx.start();
+    client.write_all(b"abc\n").unwrap();
+    client.shutdown(Shutdown::Write).unwrap();
+    let mut got = Received::default();
+    got.read_until(&mut client, |_| false);
+    assert_eq!((got.stdout_bytes(), got.exit), (b"abc\n".to_vec(), Some(0)), "{got:?}");
+    assert_monitor_exits(&handle);
+}
+
+#[test]
+fn without_stdin_once_a_client_closing_its_input_leaves_stdin_open() {
+    let fx = Fixture::new("stdinopen", &["cat"]);
+    let handle = launch(&fx.attach_options()).unwrap();
+    let mut first = fx.connect();
+    fx.start();
+    first.write_all(b"one\n").unwrap();
+    first.shutdown(Shutdown::Write).unwrap();
+    let mut got = Received::default();
+    got.read_until(&mut first, |r| r.stdout_bytes() == b"one\n");
+    drop(first);
+    sleep(Duration::from_millis(200));
+    assert_eq!(fx.runc_status(), "running", "cat still waits for input");
+
+    let mut second = fx.connect();
+    second.write_all(b"two\n").unwrap();
+    let mut got = Received::default();
+    got.read_until(&mut second, |r| r.stdout_bytes() == b"two\n");
+    fx.runc_ok(&["kill", &fx.id, "KILL"]);
+    got.read_until(&mut second, |_| false);
+    assert_eq!(got.exit, Some(137));
+    assert_monitor_exits(&handle);
+}
+
+#[test]
+fn an_idle_monitor_with_stdin_and_attach_reports_its_resident_memory() {
+    let fx = Fixture::new("attachrss", &["sh", "-c", "read line; echo \"got $line\"; exec sleep 1000"]);
+    let handle = launch(&fx.attach_options()).unwrap();
+    fx.start();
+    sleep(Duration::from_millis(300));
+    let pid = handle.monitor_pid;
+    let without = status_kib(pid, "VmRSS:");
+
+    let mut client = fx.connect();
+    client.write_all(b"hi\n").unwrap();
+    let mut got = Received::default();
+    got.read_until(&mut client, |r| r.stdout_bytes() == b"got hi\n");
+    sleep(Duration::from_millis(300));
+    let with = status_kib(pid, "VmRSS:");
+    println!(
+        "attach monitor idle RSS: VmRSS {without} KiB without a client; VmRSS {with} KiB with one \
+         attached (RssAnon {} KiB, RssFile {} KiB)",
+        status_kib(pid, "RssAnon:"),
+        status_kib(pid, "RssFile:")
+    );
+    assert!(without < 2048 && with < 2048, "idle RSS {without} / {with} KiB");
+    fx.runc_ok(&["kill", &fx.id, "KILL"]);
+    got.read_until(&mut client, |_| false);
+    assert_eq!(got.exit, Some(137));
     assert_monitor_exits(&handle);
 }

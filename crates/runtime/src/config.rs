@@ -147,8 +147,13 @@ struct HandlerFile {
     os_features: Vec<String>,
     #[serde(default)]
     allowed_annotations: Vec<String>,
-    #[serde(default)]
+    /// As containerd: privileged pods are allowed unless a handler says otherwise.
+    #[serde(default = "yes")]
     privileged: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `RegistryHost` with unknown keys rejected (a misspelt `insecure` must not pass silently).
@@ -372,7 +377,7 @@ fn discover_handlers(search_path: &OsStr) -> BTreeMap<String, Handler> {
                 root: None,
                 platform: host_platform(),
                 allowed_annotations: Vec::new(),
-                privileged: false,
+                privileged: true,
             };
             (name.to_string(), handler)
         })
@@ -413,7 +418,7 @@ platform = "linux/arm64/v8"
 os_version = "10.0.17763"
 os_features = ["win32k"]
 allowed_annotations = ["dev.gvisor.*"]
-privileged = true
+privileged = false
 [cni]
 conf_dir = "/etc/cni/test.d"
 bin_dirs = ["/opt/cni/bin"]
@@ -445,9 +450,9 @@ ca_files = ["/etc/ssl/extra.pem"]
             }
         );
         assert_eq!(g.allowed_annotations, ["dev.gvisor.*"]);
-        assert!(g.privileged);
+        assert!(!g.privileged);
         assert_eq!(c.handlers["runc"].platform, host_platform());
-        assert!(!c.handlers["runc"].privileged);
+        assert!(c.handlers["runc"].privileged, "privileged pods are allowed by default");
         assert_eq!(c.cni.conf_dir, Path::new("/etc/cni/test.d"));
         assert_eq!(c.cni.bin_dirs, [Path::new("/opt/cni/bin")]);
         assert_eq!(c.registries["docker.io"].mirrors, ["http://127.0.0.1:5000"]);

@@ -128,6 +128,9 @@ fn a_runc_container_is_seen_created_running_then_exited_137_after_sigkill() {
             pid_file.into(),
             f.id.clone().into(),
         ],
+        stdin: false,
+        stdin_once: false,
+        attach_socket: None,
     })
     .expect("the monitor creates the container");
 

@@ -41,6 +41,51 @@ impl Runtime {
         rt
     }
 
+    /// A runtime that runs pods: handlers `runc` (the default) and `gvisor` (runsc on ptrace, the
+    /// pod's netns as its network), each with its own state root under the temp dir; a CNI conf
+    /// dir of its own holding one bridge network `bridge` on `subnet` (IPAM state under the temp
+    /// dir too); `insecure_host` marked insecure.
+    pub fn start_with_pods(insecure_host: &str, bridge: &str, subnet: &str) -> Runtime {
+        let dir = tempfile::tempdir().unwrap();
+        let cni_dir = dir.path().join("cni");
+        std::fs::create_dir_all(&cni_dir).unwrap();
+        let conflist = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": bridge,
+            "plugins": [{
+                "type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
+                "ipam": { "type": "host-local", "ranges": [[{ "subnet": subnet }]],
+                          "routes": [{ "dst": "0.0.0.0/0" }], "dataDir": dir.path().join("ipam") }
+            }]
+        });
+        std::fs::write(cni_dir.join("10-test.conflist"), conflist.to_string()).unwrap();
+        let config = format!(
+            r#"socket = {socket:?}
+root = {root:?}
+default_handler = "runc"
+[handlers.runc]
+binary = "runc"
+root = {runc_root:?}
+[handlers.gvisor]
+binary = "runsc"
+args = ["--platform=ptrace", "--network=host"]
+root = {runsc_root:?}
+[cni]
+conf_dir = {cni_dir:?}
+[registries."{insecure_host}"]
+insecure = true
+"#,
+            socket = dir.path().join("run/runtime.sock"),
+            root = dir.path().join("root"),
+            runc_root = dir.path().join("runc"),
+            runsc_root = dir.path().join("runsc"),
+        );
+        std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
+        let mut rt = Runtime { child: None, dir, starts: 0, env: Vec::new() };
+        rt.spawn();
+        rt
+    }
+
     /// Starts the binary on the same config and root and waits for its socket.
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "runtime already running");
@@ -102,6 +147,21 @@ impl Runtime {
         self.dir.path().join("run/runtime.sock")
     }
 
+    /// A gRPC channel to the runtime's socket, for tests that talk CRI directly.
+    pub async fn channel(&self) -> tonic::transport::Channel {
+        let path = self.socket();
+        tonic::transport::Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .unwrap()
+    }
+
     /// The image store root (`<root>/images`).
     pub fn images_root(&self) -> PathBuf {
         self.dir.path().join("root/images")
@@ -155,6 +215,75 @@ impl Runtime {
             self.all_logs()
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// On a panic, stops and removes every pod of a runtime, starting it again on its config if it is
+/// down, so that a failed test leaves no containers, mounts or netns behind (a plain drop would
+/// leave them: containers outlive the runtime, and the temp dir cannot be removed under mounts).
+/// Declare it after the [`Runtime`], so that it is dropped first.
+pub struct RemovePodsOnPanic {
+    config: PathBuf,
+    socket: PathBuf,
+}
+
+impl RemovePodsOnPanic {
+    pub fn new(rt: &Runtime) -> Self {
+        RemovePodsOnPanic { config: rt.dir.path().join("runtime.toml"), socket: rt.socket() }
+    }
+
+    fn cri(&self, args: &[&str]) -> Option<String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["cri", "-t", "60s"])
+            .args(args)
+            .env("CONTAINER_RUNTIME_ENDPOINT", format!("unix://{}", self.socket.display()))
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!("cleanup: berth cri {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for RemovePodsOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        // The runtime's side of the failure, before the temp dir goes.
+        let dir = self.config.parent().unwrap();
+        let mut logs: Vec<PathBuf> =
+            std::fs::read_dir(dir).map(|entries| entries.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        logs.retain(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("runtime-")));
+        logs.sort();
+        for log in logs {
+            eprintln!("--- {} ---\n{}", log.display(), std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        let mut started = None;
+        if std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+                .arg("runtime")
+                .arg("--config")
+                .arg(&self.config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            let Ok(child) = child else { return };
+            started = Some(child);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::os::unix::net::UnixStream::connect(&self.socket).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        for pod in self.cri(&["pods", "-q"]).unwrap_or_default().split_whitespace() {
+            self.cri(&["stopp", pod]);
+            self.cri(&["rmp", pod]);
+        }
+        if let Some(mut child) = started {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
     }
 }
 

@@ -121,6 +121,9 @@ impl Cri {
             log_path: (!record.log_path.is_empty()).then(|| PathBuf::from(&record.log_path)),
             pid_file,
             create_command: create,
+            stdin: config.stdin,
+            stdin_once: config.stdin_once,
+            attach_socket: Some(attach_socket(&record.id)),
         };
         let id = record.id.clone();
         let handle = tokio::task::spawn_blocking(move || berth_monitor::launch(&options))
@@ -222,6 +225,9 @@ impl Cri {
             });
         }
 
+        if sc.run_as_group.is_some() && sc.run_as_user.is_none() && sc.run_as_username.is_empty() {
+            return Err(invalid("run_as_group is set without run_as_user or run_as_username".into()));
+        }
         let r = linux.resources.clone().unwrap_or_default();
         let caps = sc.capabilities.clone().unwrap_or_default();
         let seccomp = seccomp_profile(&sc).map_err(invalid)?;
@@ -230,7 +236,7 @@ impl Cri {
             .annotations
             .iter()
             .chain(config.annotations.iter())
-            .filter(|(k, _)| allowed.iter().any(|a| k.starts_with(a.as_str())))
+            .filter(|(k, _)| allowed.iter().any(|a| k.starts_with(a.trim_end_matches('*'))))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let pod_linux = pod.linux.clone().unwrap_or_default();
@@ -403,7 +409,10 @@ impl Cri {
 
     /// A receiver that turns true once the container's exit is recorded; starts a watcher if none
     /// runs (an `Unknown` container after a restart). `None` when there is no monitor.
-    fn exit_receiver(self: &Arc<Self>, record: &ContainerRecord) -> Option<tokio::sync::watch::Receiver<bool>> {
+    pub(crate) fn exit_receiver(
+        self: &Arc<Self>,
+        record: &ContainerRecord,
+    ) -> Option<tokio::sync::watch::Receiver<bool>> {
         if let Some(rx) = self.exits.lock().unwrap_or_else(|e| e.into_inner()).get(&record.id) {
             return Some(rx.clone());
         }
@@ -605,6 +614,18 @@ impl Cri {
             what: format!("reopening the log of container {}", record.id),
             source: std::io::Error::other(e.to_string()),
         })?;
+        // The monitor reopens on a signal; CRI callers expect the new file once this returns.
+        let log = Path::new(&record.log_path);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !record.log_path.is_empty() && !log.exists() {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Timeout(format!(
+                    "container {} did not reopen its log {}",
+                    record.id, record.log_path
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         Ok(cri::ReopenContainerLogResponse {})
     }
 
@@ -626,27 +647,36 @@ impl Cri {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        let child = command.spawn().map_err(|e| Error::Host { what: "starting the exec".into(), source: e })?;
-        let output = child.wait_with_output();
-        let result = if req.timeout > 0 {
-            tokio::time::timeout(Duration::from_secs(req.timeout as u64), output).await
+        let mut child = command.spawn().map_err(|e| Error::Host { what: "starting the exec".into(), source: e })?;
+        let (out_task, err_task) = (read_all(child.stdout.take()), read_all(child.stderr.take()));
+        let status = if req.timeout > 0 {
+            tokio::time::timeout(Duration::from_secs(req.timeout as u64), child.wait()).await
         } else {
-            Ok(output.await)
+            Ok(child.wait().await)
         };
-        let exec_pid = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok());
-        let _ = std::fs::remove_file(&process_file);
-        let _ = std::fs::remove_file(&pid_file);
-        let output = match result {
-            Ok(output) => output.map_err(|e| Error::Host { what: "running the exec".into(), source: e })?,
+        let status = match status {
+            Ok(status) => status.map_err(|e| Error::Host { what: "running the exec".into(), source: e })?,
             Err(_) => {
-                if let Some(pid) = exec_pid {
+                // Kill the process itself first: the OCI runtime then reaps it and exits; killing
+                // the runtime first would leave it to the container's init, which may never reap.
+                if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
                     let _ = host::kill(pid, Signal::SIGKILL);
                 }
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                let _ = std::fs::remove_file(&process_file);
+                let _ = std::fs::remove_file(&pid_file);
                 return Err(Error::Timeout(format!(
                     "command {:?} in container {} timed out after {}s",
                     req.cmd, record.id, req.timeout
                 )));
             }
+        };
+        let _ = std::fs::remove_file(&process_file);
+        let _ = std::fs::remove_file(&pid_file);
+        let output = std::process::Output {
+            status,
+            stdout: out_task.await.unwrap_or_default(),
+            stderr: err_task.await.unwrap_or_default(),
         };
         let mut stdout = output.stdout;
         let mut stderr = output.stderr;
@@ -695,6 +725,25 @@ impl Cri {
             containers_statuses: vec![self.container_status_of(record)],
         });
     }
+}
+
+/// Where a container's monitor listens for attach clients: short, as socket paths must be.
+pub(crate) fn attach_socket(id: &str) -> PathBuf {
+    Path::new(ATTACH_DIR).join(format!("{id}.sock"))
+}
+
+/// The directory of the monitors' attach sockets.
+const ATTACH_DIR: &str = "/run/berth/attach";
+
+/// Reads a child's pipe to its end in a task of its own.
+fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin + Send + 'static>) -> tokio::task::JoinHandle<Vec<u8>> {
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut pipe, &mut buf).await;
+        }
+        buf
+    })
 }
 
 /// CRI resources in the spec generator's form.

@@ -44,6 +44,9 @@ pub enum Error {
     FailedPrecondition(String),
     #[error("{0}")]
     Timeout(String),
+    /// The streaming server refused the request.
+    #[error("{}", .0.message())]
+    Stream(tonic::Status),
     /// A host operation (mount, file, process) failed.
     #[error("{what}")]
     Host {
@@ -125,6 +128,7 @@ impl From<Error> for tonic::Status {
             Error::Unimplemented { .. } => Code::Unimplemented,
             Error::State(e) => state_code(e),
             Error::ImageNotFound { .. } => Code::NotFound,
+            Error::Stream(status) => status.code(),
             Error::Unsupported(_) => Code::Unimplemented,
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Timeout(_) => Code::DeadlineExceeded,

@@ -235,19 +235,19 @@ impl RuntimeService for Grpc {
         Ok(Response::new(self.0.exec_sync(r.into_inner()).await?))
     }
 
-    async fn exec(&self, _: Request<cri::ExecRequest>) -> Result<Response<cri::ExecResponse>, Status> {
-        unimplemented("Exec")
+    async fn exec(&self, r: Request<cri::ExecRequest>) -> Result<Response<cri::ExecResponse>, Status> {
+        Ok(Response::new(self.0.exec(r.into_inner())?))
     }
 
-    async fn attach(&self, _: Request<cri::AttachRequest>) -> Result<Response<cri::AttachResponse>, Status> {
-        unimplemented("Attach")
+    async fn attach(&self, r: Request<cri::AttachRequest>) -> Result<Response<cri::AttachResponse>, Status> {
+        Ok(Response::new(self.0.attach(r.into_inner())?))
     }
 
     async fn port_forward(
         &self,
-        _: Request<cri::PortForwardRequest>,
+        r: Request<cri::PortForwardRequest>,
     ) -> Result<Response<cri::PortForwardResponse>, Status> {
-        unimplemented("PortForward")
+        Ok(Response::new(self.0.port_forward(r.into_inner())?))
     }
 
     async fn container_stats(

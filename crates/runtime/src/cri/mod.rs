@@ -24,6 +24,7 @@ mod image;
 mod runtime;
 mod sandbox;
 mod stats;
+mod streaming;
 
 pub use error::Error;
 pub use image::PullTask;
@@ -36,6 +37,9 @@ pub struct Options {
     pub monitor_binary: Option<PathBuf>,
     /// Where network namespaces are bind-mounted; default `/run/berth/netns`.
     pub netns_dir: Option<PathBuf>,
+    /// Where the streaming server (exec, attach, port-forward) listens; default 127.0.0.1 on a
+    /// free port, as containerd's.
+    pub stream_address: Option<std::net::SocketAddr>,
 }
 
 /// What the CRI services share: the configuration, the image store, the sandbox and container
@@ -56,6 +60,8 @@ pub struct Cri {
     cpu_samples: stats::CpuSamples,
     /// Turns true on [`Cri::close`]: long-lived streams end, so a graceful shutdown can finish.
     closing: watch::Sender<bool>,
+    /// Serves Exec/Attach/PortForward sessions; started by [`Cri::open`].
+    stream: std::sync::OnceLock<berth_stream::StreamServer>,
 }
 
 /// The default network namespace directory.
@@ -109,7 +115,15 @@ impl Cri {
             pod_cidr: Mutex::new(String::new()),
             cpu_samples: Default::default(),
             closing: watch::Sender::new(false),
+            stream: std::sync::OnceLock::new(),
         });
+        let backend = Arc::new(streaming::StreamBackend(Arc::downgrade(&cri)));
+        let address = options.stream_address.unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        let server = berth_stream::StreamServer::start(address, backend)
+            .await
+            .map_err(|e| Error::Host { what: format!("starting the streaming server on {address}"), source: e })?;
+        tracing::info!(address = %server.local_addr(), "streaming server listening");
+        let _ = cri.stream.set(server);
         for c in cri.store.list_containers(&Default::default()) {
             if matches!(c.state(), ContainerState::Running | ContainerState::Unknown)
                 && let Some(pid) = c.monitor_pid
