@@ -584,3 +584,19 @@ async fn logs_are_reopened_on_request_and_resources_update_the_cgroup() {
     assert_eq!(e.code(), tonic::Code::NotFound);
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pulled_without_a_handler_serves_a_handler_with_the_same_platform() {
+    let rt = Runtime::start().await;
+    // As kubelet, crictl and critest pull: no runtime handler, so the default one (runc).
+    let image = rt.pull("").await;
+    let mut c = rt.client().await;
+    let (sandbox, pod) = run_pod(&mut c, &rt, "fallback", "crun").await;
+    let id = create(&mut c, &sandbox, &pod, container_config("app", &image, "exit 5")).await.unwrap();
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    let exited = wait_for_state(&mut c, &id, cri::ContainerState::ContainerExited).await;
+    assert_eq!(exited.exit_code, 5);
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    assert_eq!(leaks(&[&sandbox, &id]), Vec::<String>::new());
+    rt.shutdown().await;
+}

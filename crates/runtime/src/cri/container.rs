@@ -44,8 +44,24 @@ impl Cri {
         }
         let handler = sandbox.runtime_handler.clone();
         let (name, h) = (image_name.clone(), handler.clone());
+        let default = self.config.default_handler.clone();
         let image = self
-            .blocking(move |images| images.status(&name, &h).map_err(|e| Error::image("find", &name, &h, e)))
+            .blocking(move |images| {
+                let found = images.status(&name, &h).map_err(|e| Error::image("find", &name, &h, e))?;
+                // Clients that pull without a handler (kubelet without RuntimeClassInImageCriApi,
+                // crictl, critest) pulled for the default handler: that image serves any handler
+                // with the same guest platform, as it resolved to the same manifest.
+                if found.is_none() && h != default {
+                    let same_platform = matches!(
+                        (images.platform(&h), images.platform(&default)),
+                        (Ok(a), Ok(b)) if a == b
+                    );
+                    if same_platform {
+                        return images.status(&name, &default).map_err(|e| Error::image("find", &name, &default, e));
+                    }
+                }
+                Ok(found)
+            })
             .await?
             .ok_or_else(|| Error::ImageNotFound { image: image_name.clone(), handler: handler.clone() })?;
         let layers = {
@@ -332,7 +348,25 @@ impl Cri {
             cri.record_exit(&id).await;
             let _ = tx.send(true);
             cri.exits.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            cri.delete_exited(&id).await;
         });
+    }
+
+    /// Deletes the OCI container of an exited one right away, as containerd does on a task's
+    /// exit, so that RemoveContainer does not pay for it (runsc takes over a second).
+    /// RemoveContainer waits for a deletion still running.
+    async fn delete_exited(&self, id: &str) {
+        let Ok(record) = self.store.container(id) else { return };
+        let Ok(runtime) = self.oci_runtime(&record.handler) else { return };
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        self.oci_deletes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), rx);
+        let id_owned = id.to_string();
+        let deleted = tokio::task::spawn_blocking(move || runtime.delete(&id_owned, true)).await;
+        let ok = matches!(deleted, Ok(Ok(()) | Err(OciError::NotFound { .. })));
+        if !ok {
+            tracing::debug!(container = %id, ?deleted, "deleting the exited OCI container failed; remove retries");
+        }
+        let _ = tx.send(Some(ok));
     }
 
     /// Reads the monitor's `exit.json` into the record (unless an exit is already recorded).
@@ -481,7 +515,15 @@ impl Cri {
     /// Deletes the OCI container (forced), waits briefly for its monitor, unmounts the rootfs and
     /// removes everything in the container's directory but the record.
     async fn cleanup_container_files(&self, id: &str, handler: &str) {
-        if let Ok(runtime) = self.oci_runtime(handler) {
+        let pending = self.oci_deletes.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let deleted = match pending {
+            Some(mut rx) => {
+                let done = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(Option::is_some)).await;
+                matches!(done, Ok(Ok(state)) if *state == Some(true))
+            }
+            None => false,
+        };
+        if !deleted && let Ok(runtime) = self.oci_runtime(handler) {
             let id_owned = id.to_string();
             match tokio::task::spawn_blocking(move || runtime.delete(&id_owned, true)).await {
                 Ok(Ok(())) | Ok(Err(OciError::NotFound { .. })) => {}

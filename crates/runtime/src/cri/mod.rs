@@ -55,6 +55,9 @@ pub struct Cri {
     events: broadcast::Sender<cri::ContainerEventResponse>,
     /// Per running container: turns true once its exit is recorded.
     exits: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// Per exited container: the deletion of its OCI container started on its exit (`Some(ok)`
+    /// once done).
+    oci_deletes: Mutex<HashMap<String, watch::Receiver<Option<bool>>>>,
     /// Set by UpdateRuntimeConfig.
     pod_cidr: Mutex<String>,
     cpu_samples: stats::CpuSamples,
@@ -112,6 +115,7 @@ impl Cri {
             monitor_binary,
             events,
             exits: Mutex::new(HashMap::new()),
+            oci_deletes: Mutex::new(HashMap::new()),
             pod_cidr: Mutex::new(String::new()),
             cpu_samples: Default::default(),
             closing: watch::Sender::new(false),
