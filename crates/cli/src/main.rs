@@ -19,9 +19,9 @@ struct Cli {
 enum Command {
     /// Serve the Kubernetes API (control plane) on the embedded store or etcd.
     Server(commands::server::Args),
-    /// Serve CRI (images per runtime handler) on a unix socket for runc, crun and gVisor.
+    /// Serve CRI (pods, containers and images per runtime handler) on a unix socket for runc, crun and gVisor.
     Runtime(commands::runtime::Args),
-    /// Talk to a CRI runtime, as crictl does: pull, images, rmi, inspecti, info, version.
+    /// Talk to a CRI runtime, as crictl does: runp, create, start, ps, pods, logs, exec, attach, port-forward, stop, rm, stats, pull, images, ...
     Cri(commands::cri::Args),
 }
 

@@ -1,8 +1,10 @@
-//! The CRI v1 runtime: serves ImageService (and RuntimeService) on a unix socket.
+//! The CRI v1 runtime: serves ImageService and RuntimeService on a unix socket.
 //!
 //! [`config`] reads the handlers and their guest platforms, [`cri`] implements the services on
-//! top of `berth_image::Images`, [`server`] listens on the socket, [`state`] keeps the records of
-//! sandboxes and containers.
+//! top of `berth_image::Images`, the OCI runtimes, the monitors and the CNI plugins, [`host`] is
+//! the one module touching the kernel (mounts, infra process, pidfds), [`server`] listens on the
+//! socket, [`state`] keeps the records of sandboxes and containers and [`reality`] reads what is
+//! really running after a restart.
 
 pub mod config;
 pub mod cri;

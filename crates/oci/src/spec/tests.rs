@@ -131,7 +131,7 @@ fn the_image_user_is_resolved_against_the_rootfs_and_cri_overrides_it() {
     std::fs::write(rootfs.path().join("etc/group"), "root:x:0:\napp:x:1000:\naudio:x:29:app\n").unwrap();
     let mut c = ContainerSpec { rootfs: rootfs.path().to_path_buf(), ..base() };
     c.image.user = "app".into();
-    assert_eq!(json_of(&c)["process"]["user"], json!({"uid": 1000, "gid": 1000, "additionalGids": [1000, 29]}));
+    assert_eq!(json_of(&c)["process"]["user"], json!({"uid": 1000, "gid": 1000, "additionalGids": [29, 1000]}));
     c.user = UserConfig {
         run_as_user: Some(0),
         run_as_group: Some(7),

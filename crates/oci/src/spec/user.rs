@@ -105,8 +105,10 @@ pub fn resolve(rootfs: &Path, cri: &UserConfig, image_user: &str) -> Result<Reso
         additional_gids.extend(db.group.iter().filter(|g| g.members.iter().any(|m| m == name)).map(|g| g.id));
     }
     additional_gids.extend(cri.supplemental_groups.iter().copied());
-    let mut seen = std::collections::HashSet::new();
-    additional_gids.retain(|g| seen.insert(*g));
+    // Sorted, as Linux keeps a process's groups; gVisor keeps the order it is given, and `id -G`
+    // would differ between handlers.
+    additional_gids.sort_unstable();
+    additional_gids.dedup();
     Ok(ResolvedUser { uid, gid, additional_gids })
 }
 
@@ -239,7 +241,7 @@ mod tests {
     #[test]
     fn a_name_resolves_to_its_uid_primary_gid_and_member_groups() {
         let r = rootfs();
-        assert_eq!(resolve_user(r.path(), "app").unwrap(), (1000, 1001, vec![1001, 10, 44]));
+        assert_eq!(resolve_user(r.path(), "app").unwrap(), (1000, 1001, vec![10, 44, 1001]));
     }
 
     #[test]
@@ -252,7 +254,7 @@ mod tests {
     #[test]
     fn an_explicit_group_by_name_or_number_replaces_the_primary_gid() {
         let r = rootfs();
-        assert_eq!(resolve_user(r.path(), "app:www").unwrap(), (1000, 33, vec![33, 10, 44]));
+        assert_eq!(resolve_user(r.path(), "app:www").unwrap(), (1000, 33, vec![10, 33, 44]));
         assert_eq!(resolve_user(r.path(), "1000:7").unwrap(), (1000, 7, vec![7, 10, 44]));
     }
 

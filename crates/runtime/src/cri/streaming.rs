@@ -255,12 +255,19 @@ async fn exec_tty(
     // The terminal's output may trail the process's exit by a moment.
     let status = {
         tokio::pin!(output);
+        let mut output_done = false;
         let status = tokio::select! {
             status = child.wait() => status,
-            () = &mut output => child.wait().await,
+            () = &mut output => {
+                output_done = true;
+                child.wait().await
+            }
         };
         tracing::debug!(container = %record.id, ?status, "tty exec ended");
-        let _ = tokio::time::timeout(Duration::from_millis(200), &mut output).await;
+        // A finished future must not be polled again.
+        if !output_done {
+            let _ = tokio::time::timeout(Duration::from_millis(200), &mut output).await;
+        }
         status
     };
     tracing::debug!(container = %record.id, "tty exec output drained");
