@@ -311,8 +311,17 @@ async fn lifecycle(handler: &str) {
     c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
     let pods = c.list_pod_sandbox(cri::ListPodSandboxRequest::default()).await.unwrap().into_inner().items;
     assert!(pods.is_empty());
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&sandbox) && !mounts.contains(&id), "no mount of the pod or container is left");
+    // gVisor's host side is removed in the background (runsc delete takes over a second).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let gone = !mounts.contains(&sandbox) && !mounts.contains(&id);
+        if gone && !rt.dir.path().join("root/containers").join(&id).exists() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a mount or directory of the pod or container is left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     rt.shutdown().await;
 }
 

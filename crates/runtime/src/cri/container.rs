@@ -319,11 +319,14 @@ impl Cri {
         let record = claim.record().clone();
         let runtime = self.oci_runtime(&record.handler)?;
         let id = record.id.clone();
+        // Taken before `start`: the process runs from within that call, and may even have exited
+        // by its end, so a later timestamp could come after its `finished_at`.
+        let started_at = now_ns();
         tokio::task::spawn_blocking(move || runtime.start(&id))
             .await
             .map_err(Error::Task)?
             .map_err(|e| Error::Oci { op: "start", id: record.id.clone(), source: Box::new(e) })?;
-        let (_, record) = self.blocking_state(move || claim.commit(|c| c.start(None, now_ns()))).await?;
+        let (_, record) = self.blocking_state(move || claim.commit(|c| c.start(None, started_at))).await?;
         if let Some(monitor_pid) = record.monitor_pid {
             self.watch_exit(&record.id, monitor_pid);
         }
@@ -504,8 +507,21 @@ impl Cri {
         self.stop_container_now(&id, 0).await?;
         let claim = self.store.begin_remove_container(&id)?;
         let record = claim.record().clone();
-        self.cleanup_container_files(&id, &record.handler).await;
-        self.blocking_state(move || claim.remove().map(drop)).await?;
+        if self.is_gvisor(&record.handler) {
+            // `runsc delete` takes over a second after the app is gone: the record goes now and the
+            // host side follows in the background. A crash in between leaves a record-less
+            // directory, which the next start finishes removing (see `Cri::open`).
+            self.blocking_state(move || claim.remove().map(drop)).await?;
+            let cri = Arc::clone(self);
+            let (id, handler) = (id.clone(), record.handler.clone());
+            tokio::spawn(async move {
+                cri.cleanup_container_files(&id, &handler).await;
+                let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));
+            });
+        } else {
+            self.cleanup_container_files(&id, &record.handler).await;
+            self.blocking_state(move || claim.remove().map(drop)).await?;
+        }
         self.exits.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         self.emit(&record, cri::ContainerEventType::ContainerDeletedEvent);
         tracing::info!(container = %id, "container removed");

@@ -128,6 +128,7 @@ impl Cri {
             .map_err(|e| Error::Host { what: format!("starting the streaming server on {address}"), source: e })?;
         tracing::info!(address = %server.local_addr(), "streaming server listening");
         let _ = cri.stream.set(server);
+        cri.finish_removals(&report.stray_dirs).await;
         for c in cri.store.list_containers(&Default::default()) {
             if matches!(c.state(), ContainerState::Running | ContainerState::Unknown)
                 && let Some(pid) = c.monitor_pid
@@ -136,6 +137,34 @@ impl Cri {
             }
         }
         Ok(cri)
+    }
+
+    /// Finishes removals a crash interrupted: record-less container directories (a gVisor
+    /// container's host side is removed after its record) get their OCI container deleted with
+    /// every handler's runtime and their rootfs unmounted; record-less sandbox directories lose
+    /// their `/dev/shm` mount. Then the directories go.
+    async fn finish_removals(&self, stray: &[PathBuf]) {
+        for dir in stray {
+            let Some(id) = dir.file_name().map(|n| n.to_string_lossy().into_owned()) else { continue };
+            let kind = dir.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+            match kind.as_deref() {
+                Some("containers") => {
+                    for runtime in self.runtimes.values() {
+                        let (runtime, id) = (runtime.clone(), id.clone());
+                        let _ = tokio::task::spawn_blocking(move || runtime.delete(&id, true)).await;
+                    }
+                    let _ = crate::host::unmount(&dir.join("bundle").join("rootfs"));
+                }
+                Some("sandboxes") => {
+                    let _ = crate::host::unmount(&dir.join("files").join("shm"));
+                }
+                _ => continue,
+            }
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => tracing::info!(dir = %dir.display(), "finished an interrupted removal"),
+                Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "could not finish an interrupted removal"),
+            }
+        }
     }
 
     pub fn config(&self) -> &Config {
