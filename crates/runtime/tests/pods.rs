@@ -77,6 +77,12 @@ impl Runtime {
         std::fs::create_dir_all(&cni_dir).unwrap();
         std::fs::write(cni_dir.join("10-test.conflist"), network_conflist(dir.path(), "berthpt0", "10.203.0.0/24"))
             .unwrap();
+        Self::open(dir, registry).await
+    }
+
+    /// The runtime on `dir` (config, root, conflist), as a restart finds it.
+    async fn open(dir: tempfile::TempDir, registry: Registry) -> Runtime {
+        let cni_dir = dir.path().join("cni");
         let text = format!(
             r#"socket = {socket:?}
 root = {root:?}
@@ -159,6 +165,14 @@ insecure = true
         let _ = self.stop.take().unwrap().send(());
         let _ = self.task.take().unwrap().await;
         drop(self.cri);
+    }
+
+    /// Stops serving and opens a new runtime on the same directory.
+    async fn restart(mut self) -> Runtime {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = self.task.take().unwrap().await;
+        let Runtime { dir, registry, .. } = self;
+        Self::open(dir, registry).await
     }
 }
 
@@ -607,5 +621,22 @@ async fn an_image_pulled_without_a_handler_serves_a_handler_with_the_same_platfo
     assert_eq!(exited.exit_code, 5);
     c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
     assert_eq!(leaks(&[&sandbox, &id]), Vec::<String>::new());
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_finishes_a_container_removal_that_a_crash_interrupted() {
+    let rt = Runtime::start().await;
+    // What a crash leaves between a gVisor container's record removal and its host cleanup: a
+    // record-less directory with the rootfs still mounted.
+    let id = "f".repeat(64);
+    let dir = rt.dir.path().join("root/containers").join(&id);
+    let rootfs = dir.join("bundle/rootfs");
+    berth_runtime::host::mount_tmpfs(&rootfs, "size=1m").unwrap();
+    assert!(berth_runtime::host::is_mounted(&rootfs));
+    let rt = rt.restart().await;
+    assert!(!dir.exists(), "the stray directory is gone");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&id), "its rootfs is unmounted");
     rt.shutdown().await;
 }
