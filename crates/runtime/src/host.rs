@@ -160,12 +160,8 @@ pub fn remove_cgroup(path: &str) {
     for dir in dirs {
         match std::fs::remove_dir(&dir) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc_enotdir()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(Errno::ENOTDIR as i32) => {}
             Err(e) => tracing::debug!(cgroup = %dir.display(), error = %e, "cgroup not removed"),
         }
     }
-}
-
-fn libc_enotdir() -> i32 {
-    Errno::ENOTDIR as i32
 }

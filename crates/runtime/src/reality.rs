@@ -32,10 +32,8 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_oci::runtime::ProcessSpawner;
 use berth_oci::{OciError, OciRuntime, Status};
 
 use crate::config::Config;
@@ -66,14 +64,7 @@ impl HostReality {
     /// The reality of the runtime configured by `config`: its store root, and one OCI runtime per
     /// handler with the handler's binary, global args and `--root`.
     pub fn new(config: &Config) -> Self {
-        let spawner: Arc<dyn berth_oci::runtime::Spawner> = Arc::new(ProcessSpawner);
-        let runtimes = config.handlers.iter().map(|(name, h)| {
-            let mut rt = OciRuntime::new(&h.binary, spawner.clone()).with_global_args(h.args.iter().cloned());
-            if let Some(root) = &h.root {
-                rt = rt.with_root(root);
-            }
-            (name.clone(), rt)
-        });
+        let runtimes = config.handlers.iter().map(|(name, h)| (name.clone(), crate::cri::oci_runtime(h)));
         Self::with_runtimes(&config.root, runtimes)
     }
 
@@ -301,6 +292,8 @@ mod tests {
 
     use berth_monitor::ContainerExit;
     use berth_oci::runtime::RecordingSpawner;
+
+    use std::sync::Arc;
 
     use super::*;
     use crate::state::ExitReason;

@@ -4,7 +4,6 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,26 +17,6 @@ use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
-
-/// The `berth-monitor` binary: `$BERTH_MONITOR_BIN`, else next to this test's target dir, built
-/// there with cargo when missing.
-fn monitor_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("BERTH_MONITOR_BIN") {
-        return bin.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("berth-monitor");
-    let mut cargo = Command::new(env!("CARGO"));
-    cargo.args(["build", "-q", "-p", "berth-monitor", "--bin", "berth-monitor", "--target-dir"]);
-    cargo.arg(profile_dir.parent().unwrap());
-    if profile_dir.file_name().unwrap() == "release" {
-        cargo.arg("--release");
-    }
-    let status = cargo.current_dir(env!("CARGO_MANIFEST_DIR")).status().unwrap();
-    assert!(status.success(), "building berth-monitor failed");
-    bin
-}
 
 /// One subnet per test process, so that parallel test binaries do not share a bridge.
 fn network_conflist(dir: &Path, bridge: &str, subnet: &str) -> String {
@@ -112,7 +91,7 @@ insecure = true
         let config = Config::from_toml(&text, OsStr::new("")).unwrap();
         let images = Images::open(config.images_config()).unwrap();
         let listener = server::bind(&config.socket).await.unwrap();
-        let options = Options { monitor_binary: Some(monitor_binary()), ..Default::default() };
+        let options = Options { monitor_binary: Some(berth_testenv::monitor::monitor_binary()), ..Default::default() };
         let cri = Cri::open(config, Arc::new(images), options).await.unwrap();
         let routes = grpc::routes(cri.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -22,31 +22,6 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// The `berth-monitor` binary: `$BERTH_MONITOR_BIN`, else next to this test's target dir, built
-/// there with cargo when missing.
-fn monitor_binary() -> Option<PathBuf> {
-    if let Some(bin) = std::env::var_os("BERTH_MONITOR_BIN") {
-        return Some(bin.into());
-    }
-    // target/<profile>/deps/reality-<hash> → target/<profile>/berth-monitor
-    let exe = std::env::current_exe().ok()?;
-    let profile_dir = exe.parent()?.parent()?;
-    let bin = profile_dir.join("berth-monitor");
-    if !bin.exists() {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo.args(["build", "-p", "berth-monitor", "--bin", "berth-monitor", "--target-dir"]);
-        cargo.arg(profile_dir.parent()?);
-        if profile_dir.file_name()? == "release" {
-            cargo.arg("--release");
-        }
-        let status = cargo.current_dir(env!("CARGO_MANIFEST_DIR")).status().ok()?;
-        if !status.success() {
-            return None;
-        }
-    }
-    bin.exists().then_some(bin)
-}
-
 /// A busybox bundle running `sleep`, its runc root and the store root in one temporary directory.
 struct Fixture {
     dir: tempfile::TempDir,
@@ -107,7 +82,7 @@ fn wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Optio
 fn a_runc_container_is_seen_created_running_then_exited_137_after_sigkill() {
     assert!(is_root(), "this test needs root");
     assert!(Path::new("/bin/busybox").exists(), "this test needs /bin/busybox (busybox-static)");
-    let monitor = monitor_binary().expect("no berth-monitor binary (build it or set BERTH_MONITOR_BIN)");
+    let monitor = berth_testenv::monitor::monitor_binary();
     let f = Fixture::new();
     let state_dir = monitor_dir(f.root(), &f.id);
     let pid_file = state_dir.join("container.pid");

@@ -60,6 +60,7 @@ pub mod bundle;
 pub mod daemon;
 pub mod etcd;
 pub mod images;
+pub mod monitor;
 pub mod proxy;
 pub mod registry;
 pub mod standard;

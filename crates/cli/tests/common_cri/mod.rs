@@ -299,16 +299,7 @@ impl Drop for Runtime {
 /// Builds `berth-monitor` (cargo is quick when it is fresh) beside the `berth` binary, where
 /// `berth runtime` looks for it first: the runtime verbs need it to run pods and containers.
 pub fn ensure_monitor() {
-    let profile_dir = Path::new(env!("CARGO_BIN_EXE_berth")).parent().unwrap();
-    let mut cargo = Command::new(env!("CARGO"));
-    cargo.args(["build", "-q", "-p", "berth-monitor", "--bin", "berth-monitor", "--target-dir"]);
-    cargo.arg(profile_dir.parent().unwrap());
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cargo.arg("--release");
-    }
-    let status = cargo.current_dir(env!("CARGO_MANIFEST_DIR")).status().unwrap();
-    assert!(status.success(), "building berth-monitor failed");
-    assert!(profile_dir.join("berth-monitor").is_file(), "no berth-monitor in {}", profile_dir.display());
+    berth_testenv::monitor::monitor_binary_in(Path::new(env!("CARGO_BIN_EXE_berth")).parent().unwrap());
 }
 
 /// Table rows as (IMAGE, TAG, IMAGE ID, RUNTIME, SIZE), header skipped.

@@ -661,10 +661,7 @@ impl Cri {
         &self,
         req: cri::ReopenContainerLogRequest,
     ) -> Result<cri::ReopenContainerLogResponse, Error> {
-        let record = self.store.container(&req.container_id)?;
-        if record.state() != ContainerState::Running {
-            return Err(Error::FailedPrecondition(format!("container {} is not running", record.id)));
-        }
+        let record = self.running(&req.container_id)?;
         let pid = record
             .monitor_pid
             .ok_or_else(|| Error::FailedPrecondition(format!("container {} has no monitor", record.id)))?;
@@ -691,10 +688,7 @@ impl Cri {
         if req.cmd.is_empty() {
             return Err(Error::InvalidArgument("ExecSync: cmd is required".into()));
         }
-        let record = self.store.container(&req.container_id)?;
-        if record.state() != ContainerState::Running {
-            return Err(Error::FailedPrecondition(format!("container {} is not running", record.id)));
-        }
+        let record = self.running(&req.container_id)?;
         let (process_file, pid_file) = self.exec_process_file(&record, &req.cmd, false)?;
         let runtime = self.oci_runtime(&record.handler)?;
         let args = runtime.exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));

@@ -59,8 +59,7 @@ impl Cri {
                 if let Err(undo) = self.teardown_sandbox(&record).await {
                     tracing::warn!(sandbox = %id, error = %undo, "cleaning up a failed sandbox");
                 }
-                let dir = self.store.sandbox_dir(&id);
-                let _ = std::fs::remove_dir_all(dir.join("files"));
+                let _ = std::fs::remove_dir_all(self.sandbox_files_dir(&id));
                 self.blocking_state(move || claim.remove().map(drop)).await?;
                 Err(e)
             }
@@ -243,13 +242,13 @@ impl Cri {
         }
         let store = self.store.clone();
         let claim = store.begin_remove_sandbox(&id)?;
-        if record_cgroup_is_ours(&claim.record().cgroup_parent) {
-            host::remove_cgroup(&format!("/berth/{id}"));
+        // A pod without a cgroup parent got its cgroup from the runtime, which removes it; a given
+        // parent belongs to whoever gave it (kubelet).
+        if claim.record().cgroup_parent.is_empty() {
+            host::remove_cgroup(&self.sandbox_cgroup(claim.record()));
         }
-        let files = self.sandbox_files_dir(&id);
-        host::unmount(&files.join("shm"))
-            .map_err(|e| Error::Host { what: "unmounting the pod's /dev/shm".into(), source: e })?;
-        let _ = std::fs::remove_dir_all(&files);
+        // The stop above unmounted the pod's /dev/shm.
+        let _ = std::fs::remove_dir_all(self.sandbox_files_dir(&id));
         self.blocking_state(move || claim.remove().map(drop)).await?;
         tracing::info!(sandbox = %id, "pod sandbox removed");
         Ok(cri::RemovePodSandboxResponse {})
@@ -293,12 +292,6 @@ impl Cri {
     pub(crate) fn sandbox_files_dir(&self, id: &str) -> PathBuf {
         self.store.sandbox_dir(id).join("files")
     }
-}
-
-/// A pod without a cgroup parent gets `/berth/<id>` (see the spec generator), which the runtime
-/// created and so removes; a given parent belongs to whoever gave it (kubelet).
-fn record_cgroup_is_ours(cgroup_parent: &str) -> bool {
-    cgroup_parent.is_empty()
 }
 
 /// `hostname`, `resolv.conf` (from the DNS config, else the host's) and `hosts` (the host's).

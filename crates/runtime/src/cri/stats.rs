@@ -185,7 +185,7 @@ impl Cri {
     }
 
     /// The pod's cgroup: the parent its containers were created under.
-    fn sandbox_cgroup(&self, record: &SandboxRecord) -> String {
+    pub(crate) fn sandbox_cgroup(&self, record: &SandboxRecord) -> String {
         if record.cgroup_parent.is_empty() { format!("/berth/{}", record.id) } else { record.cgroup_parent.clone() }
     }
 
