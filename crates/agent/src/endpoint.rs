@@ -1,0 +1,100 @@
+//! One CRI endpoint: its name, workload type and the gRPC clients of its runtime and image services.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint as TonicEndpoint, Uri};
+
+/// Why an endpoint could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("endpoint {endpoint:?} is not unix:///path/to/socket")]
+    NotUnix { endpoint: String },
+    #[error("connecting to {endpoint}")]
+    Connect {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// A connected CRI runtime. Clients are cheap to clone; calls on a runtime that went away fail
+/// with `Unavailable` and the channel reconnects on the next call.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// `container` (the only workload type served in this wave) or another from the seed's list.
+    pub workload_type: String,
+    /// The endpoint's name in the agent's configuration, e.g. `berth` or `containerd`.
+    pub name: String,
+    /// The runtime's socket, `unix:///run/berth/runtime.sock`.
+    pub address: String,
+    pub runtime: RuntimeServiceClient<Channel>,
+    pub images: ImageServiceClient<Channel>,
+}
+
+impl Endpoint {
+    /// Clients for `address` (runtime) and `image_address` (images; empty means the runtime's).
+    /// Connects lazily, so an endpoint that is down at start still gets its clients.
+    pub fn connect_lazy(
+        workload_type: &str,
+        name: &str,
+        address: &str,
+        image_address: &str,
+    ) -> Result<Self, EndpointError> {
+        let runtime = channel(address)?;
+        let images = if image_address.is_empty() || image_address == address {
+            runtime.clone()
+        } else {
+            channel(image_address)?
+        };
+        Ok(Self {
+            workload_type: workload_type.to_string(),
+            name: name.to_string(),
+            address: address.to_string(),
+            runtime: RuntimeServiceClient::new(runtime).max_decoding_message_size(MAX_MESSAGE),
+            images: ImageServiceClient::new(images).max_decoding_message_size(MAX_MESSAGE),
+        })
+    }
+}
+
+/// kubelet's limit for CRI responses (large container lists).
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// The socket path of a `unix://` endpoint (a bare absolute path is accepted too).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, EndpointError> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if path.starts_with('/') {
+        Ok(PathBuf::from(path))
+    } else {
+        Err(EndpointError::NotUnix { endpoint: endpoint.to_string() })
+    }
+}
+
+fn channel(endpoint: &str) -> Result<Channel, EndpointError> {
+    let path = socket_path(endpoint)?;
+    // The URI is required but unused: every connection goes to the socket.
+    let channel = TonicEndpoint::from_static("http://localhost")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }));
+    Ok(channel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_endpoints_and_bare_paths_name_sockets_but_tcp_does_not() {
+        assert_eq!(socket_path("unix:///run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert_eq!(socket_path("/run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert!(matches!(socket_path("tcp://1.2.3.4:5"), Err(EndpointError::NotUnix { .. })));
+        assert!(matches!(socket_path("unix://"), Err(EndpointError::NotUnix { .. })));
+    }
+}

@@ -1,0 +1,1 @@
+//! This node's Node object: registration, Lease heartbeats and status (conditions, runtime handlers).
