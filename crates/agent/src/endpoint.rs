@@ -30,6 +30,10 @@ pub struct Endpoint {
     pub name: String,
     /// The runtime's socket, `unix:///run/berth/runtime.sock`.
     pub address: String,
+    /// The image service's socket; empty when it is the runtime's.
+    pub image_address: String,
+    /// Handlers to assume when the runtime's Status lists none (containerd 1.6).
+    pub configured_handlers: Vec<String>,
     pub runtime: RuntimeServiceClient<Channel>,
     pub images: ImageServiceClient<Channel>,
 }
@@ -53,9 +57,33 @@ impl Endpoint {
             workload_type: workload_type.to_string(),
             name: name.to_string(),
             address: address.to_string(),
+            image_address: if image_address == address { String::new() } else { image_address.to_string() },
+            configured_handlers: Vec::new(),
             runtime: RuntimeServiceClient::new(runtime).max_decoding_message_size(MAX_MESSAGE),
             images: ImageServiceClient::new(images).max_decoding_message_size(MAX_MESSAGE),
         })
+    }
+}
+
+impl Endpoint {
+    /// Clients for an endpoint of the agent's configuration.
+    pub fn from_config(config: &crate::config::EndpointConfig) -> Result<Self, EndpointError> {
+        Ok(Self::connect_lazy(&config.workload_type, &config.name, &config.endpoint, &config.image_endpoint)?
+            .with_configured_handlers(config.handlers.clone()))
+    }
+
+    /// Sets the handlers assumed when the runtime's Status lists none.
+    pub fn with_configured_handlers(mut self, handlers: Vec<String>) -> Self {
+        self.configured_handlers = handlers;
+        self
+    }
+
+    /// Whether `other` talks to the same sockets under the same name (its status carries over).
+    pub fn same_runtime(&self, other: &Endpoint) -> bool {
+        self.name == other.name
+            && self.workload_type == other.workload_type
+            && self.address == other.address
+            && self.image_address == other.image_address
     }
 }
 

@@ -59,14 +59,21 @@ fn group_json(group: &str, version: &str) -> Value {
     })
 }
 
+/// The store's groups and the groups of resources served by their own handlers.
+fn served_groups() -> Vec<(&'static str, &'static str)> {
+    let mut groups = resources::groups();
+    groups.push((crate::tokenreview::GROUP, crate::tokenreview::VERSION));
+    groups
+}
+
 pub async fn api_groups() -> Json<Value> {
     let groups: Vec<Value> =
-        resources::groups().into_iter().filter(|(g, _)| !g.is_empty()).map(|(g, v)| group_json(g, v)).collect();
+        served_groups().into_iter().filter(|(g, _)| !g.is_empty()).map(|(g, v)| group_json(g, v)).collect();
     Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
 }
 
 pub async fn group(Path(group): Path<String>) -> Result<Json<Value>, ApiError> {
-    let (g, v) = resources::groups()
+    let (g, v) = served_groups()
         .into_iter()
         .find(|(g, _)| !g.is_empty() && *g == group)
         .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))?;
@@ -81,7 +88,7 @@ pub async fn core_resources() -> Json<Value> {
 }
 
 pub async fn group_resources(Path((group, version)): Path<(String, String)>) -> Result<Json<Value>, ApiError> {
-    if !resources::groups().iter().any(|(g, v)| !g.is_empty() && *g == group && *v == version) {
+    if !served_groups().iter().any(|(g, v)| !g.is_empty() && *g == group && *v == version) {
         return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
     }
     Ok(Json(resource_list(&group, &version)))
@@ -134,10 +141,19 @@ fn resource_list(group: &str, version: &str) -> Value {
         }
         if rt.kind == "Pod" {
             out.push(sub_entry(rt, "binding", "Binding", None, &["create"]));
+            out.push(sub_entry(rt, "log", "Pod", None, &["get"]));
+            for (sub, kind) in
+                [("exec", "PodExecOptions"), ("attach", "PodAttachOptions"), ("portforward", "PodPortForwardOptions")]
+            {
+                out.push(sub_entry(rt, sub, kind, None, &["create", "get"]));
+            }
         }
         if rt.kind == "Namespace" {
             out.push(sub_entry(rt, "finalize", rt.kind, None, &["update"]));
         }
+    }
+    if (group, version) == (crate::tokenreview::GROUP, crate::tokenreview::VERSION) {
+        out.extend(crate::tokenreview::api_resources());
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
 }

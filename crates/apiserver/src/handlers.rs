@@ -533,6 +533,7 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
         check_namespace(state, rt, t.namespace.as_deref().unwrap_or(""), &name).await?;
     }
     kinds::prepare_for_create(rt, &mut obj);
+    crate::authz::admit_create(t, &obj)?;
     if std::ptr::eq(rt, &PODS) {
         admit_pod(state, &mut obj).await?;
     }
@@ -712,6 +713,7 @@ async fn update(
     let (old, rev) = load(state, t, name).await?;
     check_precondition(rt, name, &new, rev)?;
     let new = prepare_update(rt, new, &old, sub)?;
+    crate::authz::admit_update(t, &old, &new)?;
     let written = write_update(state, t, name, new, &old, rev, q.dry_run()).await?;
     Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings))
 }
@@ -782,6 +784,7 @@ async fn patch(
         }
         objects::set_resource_version(&mut new, rev);
         let new = prepare_update(rt, new, &old, sub)?;
+        crate::authz::admit_update(t, &old, &new)?;
         match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
             Ok(written) => return Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings)),
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
@@ -992,6 +995,7 @@ pub(crate) async fn delete_object(
                 ));
             }
         }
+        crate::authz::admit_delete(t, &old)?;
         let mut new = old.clone();
         let now = jiff::Timestamp::now();
         let pending = if std::ptr::eq(rt, &NAMESPACES) {

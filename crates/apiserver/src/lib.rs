@@ -1,9 +1,11 @@
-//! Kubernetes-compatible REST API over the berth store: discovery, verbs, watch, admission, authentication.
+//! Kubernetes-compatible REST API over the berth store: discovery, verbs, watch, admission,
+//! authentication and node authorization.
 //!
 //! [`router`] builds the whole API as one axum `Router` (a tower `Service`), so tests can hand it
 //! straight to a `kube::Client`; [`server::run`] serves it over TLS with bearer-token auth.
 
 pub mod authn;
+pub mod authz;
 pub mod discovery;
 pub mod error;
 pub mod handlers;
@@ -12,9 +14,11 @@ pub mod metrics;
 pub mod objects;
 pub mod openapi;
 pub mod protobuf;
+pub mod proxy;
 pub mod request;
 pub mod server;
 pub mod tls;
+pub mod tokenreview;
 pub mod watch;
 
 use std::sync::Arc;
@@ -71,7 +75,15 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/openapi/v3", get(openapi::v3_index))
         .route("/openapi/v3/{*path}", get(openapi::v3_document))
         .route("/api/v1", get(discovery::core_resources))
+        .route("/api/v1/namespaces/{namespace}/pods/{name}/log", get(proxy::log))
+        .route("/api/v1/namespaces/{namespace}/pods/{name}/exec", get(proxy::exec).post(proxy::exec))
+        .route("/api/v1/namespaces/{namespace}/pods/{name}/attach", get(proxy::attach).post(proxy::attach))
+        .route(
+            "/api/v1/namespaces/{namespace}/pods/{name}/portforward",
+            get(proxy::portforward).post(proxy::portforward),
+        )
         .route("/api/v1/{*rest}", any(handlers::core_entry))
+        .route("/apis/authentication.k8s.io/v1/tokenreviews", any(tokenreview::serve))
         .route("/apis/{group}", get(discovery::group))
         .route("/apis/{group}/{version}", get(discovery::group_resources))
         .route("/apis/{group}/{version}/{*rest}", any(handlers::group_entry))
@@ -86,19 +98,27 @@ async fn not_found() -> ApiError {
 }
 
 /// Rejects requests without a valid bearer token (401), except health probes, as Kubernetes'
-/// default anonymous access to `/healthz`, `/livez`, `/readyz` and `/version`.
+/// default anonymous access to `/healthz`, `/livez`, `/readyz` and `/version`; then authorizes
+/// the user's request (403) and serves it as that user, for admission.
 async fn authenticate(State(state): State<Arc<ApiState>>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let public = matches!(path, "/healthz" | "/livez" | "/readyz" | "/version");
+    let mut user = None;
     if let Some(auth) = &state.authenticator {
         let header = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         match auth.authenticate(header) {
-            Some(user) => {
-                req.extensions_mut().insert(user);
+            Some(known) => {
+                if let Err(e) =
+                    authz::authorize_request(&state, &known, req.method(), req.uri().path(), req.uri().query()).await
+                {
+                    return e.into_response();
+                }
+                req.extensions_mut().insert(known.clone());
+                user = Some(known);
             }
             None if public => {}
             None => return ApiError::unauthorized().into_response(),
         }
     }
-    next.run(req).await
+    authz::serve_as(user, next.run(req)).await
 }

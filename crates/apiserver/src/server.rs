@@ -83,6 +83,7 @@ pub async fn run(cfg: ServerConfig) -> Result<(), ServerError> {
     if let Some(path) = &cfg.token_auth_file {
         authn.load_token_file(path).map_err(ServerError::Tokens)?;
     }
+    authn.watch_token_file(&cfg.data_dir.join(crate::authn::NODE_TOKEN_FILE)).map_err(ServerError::Tokens)?;
     let state = ApiState::new(store.clone(), Some(authn));
     lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
     tokio::spawn(lifecycle::run_namespace_lifecycle(state.clone()));

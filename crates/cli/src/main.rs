@@ -21,6 +21,8 @@ enum Command {
     Server(commands::server::Args),
     /// Serve CRI (pods, containers and images per runtime handler) on a unix socket for runc, crun and gVisor.
     Runtime(commands::runtime::Args),
+    /// Run the node agent: register this node and run the pods bound to it through its CRI runtimes.
+    Agent(commands::agent::Args),
     /// Talk to a CRI runtime, as crictl does: runp, create, start, ps, pods, logs, exec, attach, port-forward, stop, rm, stats, pull, images, ...
     Cri(commands::cri::Args),
 }
@@ -33,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         // The CRI runtime idles most of its life: blocking threads (OCI runtime calls, record
         // writes) go as soon as a burst is over instead of keeping their memory for 10 s.
         builder.thread_keep_alive(std::time::Duration::from_secs(1)).max_blocking_threads(64);
+        berth_runtime::memory::limit_arenas();
     }
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
@@ -40,6 +43,7 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => commands::server::run(args).await,
             Command::Runtime(args) => commands::runtime::run(args).await,
             Command::Cri(args) => commands::cri::run(args).await,
+            Command::Agent(args) => commands::agent::run(args).await,
         }
     })
 }

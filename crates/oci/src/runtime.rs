@@ -245,7 +245,21 @@ impl OciRuntime {
 
     /// The full argv (binary first) of `create`, for a monitor that execs it with its own stdio.
     pub fn create_args(&self, id: &str, opts: &CreateOptions) -> Vec<OsString> {
-        let mut args = self.verb("create");
+        self.create_or_run_args("create", id, opts)
+    }
+
+    /// The full argv (binary first) of `run --detach`: `create` and `start` in one invocation
+    /// (runc, crun and runsc all have it), for a monitor that execs it with its own stdio. It
+    /// returns once the container's process runs, leaving it to the caller (a subreaper).
+    pub fn run_detached_args(&self, id: &str, opts: &CreateOptions) -> Vec<OsString> {
+        self.create_or_run_args("run", id, opts)
+    }
+
+    fn create_or_run_args(&self, verb: &str, id: &str, opts: &CreateOptions) -> Vec<OsString> {
+        let mut args = self.verb(verb);
+        if verb == "run" {
+            args.push("--detach".into());
+        }
         push(&mut args, ["--bundle".as_ref(), opts.bundle.as_os_str()]);
         if let Some(p) = &opts.pid_file {
             push(&mut args, ["--pid-file".as_ref(), p.as_os_str()]);
@@ -510,6 +524,28 @@ mod tests {
 
     fn strings(argv: &[OsString]) -> Vec<String> {
         argv.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn run_detached_args_are_create_args_with_the_run_verb_and_detach() {
+        let (_, rt) = fake();
+        let rt = rt.with_root("/run/berth/runc");
+        let opts = CreateOptions::new("/b/c1").pid_file("/b/c1/pid");
+        assert_eq!(
+            strings(&rt.run_detached_args("c1", &opts)),
+            [
+                "/usr/bin/runc",
+                "--root",
+                "/run/berth/runc",
+                "run",
+                "--detach",
+                "--bundle",
+                "/b/c1",
+                "--pid-file",
+                "/b/c1/pid",
+                "c1"
+            ]
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! 1. `exit.json` present → [`Observed::Exited`] with its code, its `finished_at` converted to ns
 //!    (0 if unparsable, which reconcile reads as "now") and its OOM flag (reconcile derives the
 //!    reason: `OOMKilled`, `Completed` or `Error`). Present but unreadable → `Unknown`.
-//! 2. Otherwise the OCI runtime of the record's handler is asked for `state <id>`:
+//! 2. A `Created` record whose monitor never started (StartContainer makes the OCI container) →
+//!    `Created` while its rootfs is mounted, else (after a reboot) `Gone`.
+//! 3. Otherwise the OCI runtime of the record's handler is asked for `state <id>`:
 //!    `created`/`creating` → `Created{pid}`, `running`/`paused` → `Running{pid}`.
 //!    - `stopped`, or not found: with a live monitor, the monitor is about to write `exit.json`
 //!      (it is re-read for up to [`EXIT_GRACE`]), else `Unknown`; without one the exit was lost:
@@ -37,7 +39,7 @@ use std::time::{Duration, Instant};
 use berth_oci::{OciError, OciRuntime, Status};
 
 use crate::config::Config;
-use crate::state::{ContainerRecord, Observed, ObservedSandbox, Reality, SandboxRecord};
+use crate::state::{ContainerRecord, ContainerState, Observed, ObservedSandbox, Reality, SandboxRecord};
 
 /// The name of a container's monitor state dir inside its record's directory.
 pub const MONITOR_DIR: &str = "monitor";
@@ -119,10 +121,20 @@ impl Reality for HostReality {
         if let Some(observed) = Self::recorded_exit(&dir) {
             return observed;
         }
-        let monitor_pid = match berth_monitor::read_monitor_pid(&dir) {
-            Ok(pid) => pid.filter(|pid| berth_monitor::is_alive(*pid)),
+        let recorded_monitor = match berth_monitor::read_monitor_pid(&dir) {
+            Ok(pid) => pid,
             Err(e) => return Observed::Unknown { reason: chain(&e) },
         };
+        if recorded_monitor.is_none() && record.state() == ContainerState::Created {
+            // Never started: the OCI container is made by StartContainer. It can still start if
+            // its rootfs is there (not after a reboot).
+            return if crate::host::is_mounted(&record.bundle.join("rootfs")) {
+                Observed::Created { pid: None }
+            } else {
+                Observed::Gone
+            };
+        }
+        let monitor_pid = recorded_monitor.filter(|pid| berth_monitor::is_alive(*pid));
         let Some(runtime) = self.runtimes.get(&record.handler) else {
             return Observed::Unknown { reason: format!("runtime handler {:?} is not configured", record.handler) };
         };

@@ -92,6 +92,10 @@ impl SocketListener {
         // Older grpc-go clients send the socket path as :authority, which h2 alone would refuse.
         let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(authority::AuthorityRewrite::new));
         let result = tonic::transport::Server::builder()
+            .layer(tower::util::MapRequestLayer::new(|request| {
+                crate::memory::note_rpc();
+                request
+            }))
             .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;

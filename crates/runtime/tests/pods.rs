@@ -430,11 +430,18 @@ async fn illegal_transitions_and_bad_requests_get_clear_errors_and_leak_nothing(
     let e = create(&mut c, &sandbox, &pod, bad).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{}", e.message());
     assert!(e.message().contains("relative/dir"), "{}", e.message());
-    // A command that does not exist: the OCI runtime's create fails, nothing is left.
+    // A command that does not exist: as with containerd, the OCI runtime fails at StartContainer
+    // and the container is exited with 128, StartError and the runtime's message.
     let mut missing = container_config("a", &image, "true");
     missing.command = vec!["/no/such/binary".into()];
-    let e = create(&mut c, &sandbox, &pod, missing).await.unwrap_err();
+    let failed = create(&mut c, &sandbox, &pod, missing).await.unwrap();
+    let e = c.start_container(cri::StartContainerRequest { container_id: failed.clone() }).await.unwrap_err();
     assert!(e.message().contains("/no/such/binary"), "{}", e.message());
+    let exited = status(&mut c, &failed).await;
+    assert_eq!(exited.state(), cri::ContainerState::ContainerExited);
+    assert_eq!((exited.exit_code, exited.reason.as_str()), (128, "StartError"));
+    assert!(exited.message.contains("/no/such/binary"), "{}", exited.message);
+    c.remove_container(cri::RemoveContainerRequest { container_id: failed }).await.unwrap();
 
     let id = create(&mut c, &sandbox, &pod, container_config("a", &image, "sleep 60")).await.unwrap();
     // The same container name and attempt in the pod: AlreadyExists.

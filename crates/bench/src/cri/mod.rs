@@ -248,9 +248,19 @@ async fn measure(args: &CriArgs, berth_binary: &Path, session: &mut Session) -> 
 /// each: berth's container monitor and infra process, containerd and its shim.
 async fn measure_memory(berth: &mut Runtime, containerd: &mut Runtime, image: &str, root: &Path) -> Memory {
     let mut memory = Memory::default();
-    // Let both settle (exit watchers, GC of the last pod) before reading the idle figures.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Idle: no RPC for a few seconds. Both settle (exit watchers, GC of the last pod, berth's
+    // heap trim a second after the last RPC) before the figures are read.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     memory.berth_idle_kib = warn(client::rss_kib(berth.daemon.pid), "berth runtime RSS");
+    if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", berth.daemon.pid)) {
+        // File-backed pages are the binary's text, shared by every berth process.
+        let parts: Vec<String> = status
+            .lines()
+            .filter(|l| l.starts_with("RssAnon") || l.starts_with("RssFile"))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        eprintln!("berth runtime idle: {}", parts.join(", "));
+    }
     memory.containerd_idle_kib = warn(client::rss_kib(containerd.daemon.pid), "containerd RSS");
 
     let berth_one = async {

@@ -1,16 +1,56 @@
-//! `berth server`: the control plane's API server.
+//! `berth server`: the control plane's API server, and `berth server token create` for node
+//! credentials.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use berth_apiserver::authn::{NODE_TOKEN_FILE, NODE_USER_PREFIX, create_node_token, validate_node_name};
 use berth_apiserver::server::{ServerConfig, run as serve};
 
+const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
+
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Manage bearer tokens of the server in a data dir.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum TokenCommand {
+    /// Print a kubeconfig for a node agent: user system:node:NAME in group system:nodes.
+    ///
+    /// The token is added to <data-dir>/node-tokens.csv, which a running server re-reads:
+    /// it works at once, without a restart. Earlier tokens of the node keep working; delete
+    /// their lines from that file to revoke them.
+    Create(TokenCreateArgs),
+}
+
+#[derive(clap::Args)]
+struct TokenCreateArgs {
+    /// The node's name (a DNS-1123 subdomain), as the agent registers it.
+    #[arg(long = "node", value_name = "NAME")]
+    node: String,
+    /// The server's data dir: where its admin.kubeconfig and node tokens live.
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
     /// Where the store, certificates, tokens and admin.kubeconfig live.
-    #[arg(long, default_value = "/var/lib/berth")]
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -33,6 +73,13 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Some(Command::Token(TokenCommand::Create(create))) => create_token(&create),
+        None => run_server(args.serve).await,
+    }
+}
+
+async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
     let cfg = ServerConfig {
         data_dir: args.data_dir,
         bind_address: args.bind_address,
@@ -43,4 +90,41 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         compaction_interval: Duration::from_secs(args.compaction_interval_seconds.max(1)),
     };
     serve(cfg).await.context("berth server failed")
+}
+
+/// Adds a node token and prints a kubeconfig with the admin kubeconfig's cluster and that token.
+fn create_token(args: &TokenCreateArgs) -> anyhow::Result<()> {
+    validate_node_name(&args.node)?;
+    // Read the cluster first, so a data dir without a server gets no token.
+    let cluster = admin_cluster(&args.data_dir)?;
+    let token = create_node_token(&args.data_dir, &args.node)
+        .with_context(|| format!("cannot create a token for node {:?}", args.node))?;
+    let user = format!("{NODE_USER_PREFIX}{}", args.node);
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "berth", "cluster": cluster}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "berth", "context": {"cluster": "berth", "user": user}}],
+        "current-context": "berth",
+        "preferences": {},
+    });
+    print!("{}", serde_yaml::to_string(&config).context("cannot render the kubeconfig")?);
+    eprintln!("added a token for user {user} to {}", args.data_dir.join(NODE_TOKEN_FILE).display());
+    Ok(())
+}
+
+/// The `cluster` (server URL and CA) of the admin kubeconfig the server writes on start.
+fn admin_cluster(data_dir: &Path) -> anyhow::Result<serde_json::Value> {
+    let path = data_dir.join("admin.kubeconfig");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!("cannot read {} (has `berth server --data-dir {}` run?)", path.display(), data_dir.display())
+    })?;
+    let config: serde_json::Value =
+        serde_yaml::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))?;
+    config
+        .pointer("/clusters/0/cluster")
+        .filter(|c| c.get("server").is_some_and(serde_json::Value::is_string))
+        .cloned()
+        .with_context(|| format!("{} names no cluster server", path.display()))
 }

@@ -77,12 +77,10 @@ impl Cri {
         let claim = self.blocking_state(move || store.create_container(record)).await?;
         let id = claim.id().to_string();
         match self.setup_container(claim.record(), &sandbox, &config, &image, &layers).await {
-            Ok((handle, bundle)) => {
+            Ok(bundle) => {
                 let (_, record) = self
                     .blocking_state(move || {
                         claim.commit(|c| {
-                            c.pid = Some(handle.container_pid);
-                            c.monitor_pid = Some(handle.monitor_pid);
                             c.bundle = bundle;
                             Ok(())
                         })
@@ -100,7 +98,8 @@ impl Cri {
         }
     }
 
-    /// Rootfs, `config.json`, log directory, then the monitor running the OCI runtime's `create`.
+    /// Rootfs, `config.json` and log directory. The OCI container itself is made by StartContainer
+    /// (as containerd creates its task there): one `run --detach` instead of `create` + `start`.
     async fn setup_container(
         &self,
         record: &ContainerRecord,
@@ -108,7 +107,7 @@ impl Cri {
         config: &cri::ContainerConfig,
         image: &ImageRecord,
         layers: &[PathBuf],
-    ) -> Result<(berth_monitor::MonitorHandle, PathBuf), Error> {
+    ) -> Result<PathBuf, Error> {
         let dir = self.store.container_dir(&record.id);
         let bundle = dir.join("bundle");
         let rootfs = bundle.join("rootfs");
@@ -126,27 +125,32 @@ impl Cri {
         if let Some(parent) = Path::new(&record.log_path).parent().filter(|_| !record.log_path.is_empty()) {
             std::fs::create_dir_all(parent).map_err(host_err("creating the log directory"))?;
         }
+        Ok(bundle)
+    }
 
-        let runtime = self.oci_runtime(&sandbox.runtime_handler)?;
+    /// The monitor running the OCI runtime's `run --detach`: returns once the process runs.
+    async fn launch_monitor(&self, record: &ContainerRecord) -> Result<berth_monitor::MonitorHandle, Error> {
+        let config = record.container_config()?;
+        let runtime = self.oci_runtime(&record.handler)?;
+        let dir = self.store.container_dir(&record.id);
         let pid_file = dir.join("init.pid");
-        let create = runtime.create_args(&record.id, &CreateOptions::new(&bundle).pid_file(&pid_file));
+        let run = runtime.run_detached_args(&record.id, &CreateOptions::new(dir.join("bundle")).pid_file(&pid_file));
         let options = berth_monitor::LaunchOptions {
             monitor_binary: self.monitor_binary.clone(),
             id: record.id.clone(),
             state_dir: monitor_dir(self.store.root(), &record.id),
             log_path: (!record.log_path.is_empty()).then(|| PathBuf::from(&record.log_path)),
             pid_file,
-            create_command: create,
+            create_command: run,
             stdin: config.stdin,
             stdin_once: config.stdin_once,
             attach_socket: Some(attach_socket(&record.id)),
         };
         let id = record.id.clone();
-        let handle = tokio::task::spawn_blocking(move || berth_monitor::launch(&options))
+        tokio::task::spawn_blocking(move || berth_monitor::launch(&options))
             .await
             .map_err(Error::Task)?
-            .map_err(|e| Error::Monitor { id, source: Box::new(e) })?;
-        Ok((handle, bundle))
+            .map_err(|e| Error::Monitor { id, source: Box::new(e) })
     }
 
     /// The spec's inputs from the CRI configs, the image and the sandbox.
@@ -317,19 +321,42 @@ impl Cri {
     ) -> Result<cri::StartContainerResponse, Error> {
         let claim = self.store.begin_start_container(&req.container_id)?;
         let record = claim.record().clone();
-        let runtime = self.oci_runtime(&record.handler)?;
-        let id = record.id.clone();
-        // Taken before `start`: the process runs from within that call, and may even have exited
-        // by its end, so a later timestamp could come after its `finished_at`.
+        // Taken before the OCI runtime runs: the process starts within that call, and may even
+        // have exited by its end, so a later timestamp could come after its `finished_at`.
         let started_at = now_ns();
-        tokio::task::spawn_blocking(move || runtime.start(&id))
-            .await
-            .map_err(Error::Task)?
-            .map_err(|e| Error::Oci { op: "start", id: record.id.clone(), source: Box::new(e) })?;
-        let (_, record) = self.blocking_state(move || claim.commit(|c| c.start(None, started_at))).await?;
-        if let Some(monitor_pid) = record.monitor_pid {
-            self.watch_exit(&record.id, monitor_pid);
-        }
+        let launched = match record.monitor_pid {
+            // Created by an older berth, whose CreateContainer ran the OCI `create`.
+            Some(monitor_pid) => {
+                let runtime = self.oci_runtime(&record.handler)?;
+                let id = record.id.clone();
+                tokio::task::spawn_blocking(move || runtime.start(&id))
+                    .await
+                    .map_err(Error::Task)?
+                    .map(|()| berth_monitor::MonitorHandle { monitor_pid, container_pid: record.pid.unwrap_or(0) })
+                    .map_err(|e| Error::Oci { op: "start", id: record.id.clone(), source: Box::new(e) })
+            }
+            None => self.launch_monitor(&record).await,
+        };
+        let handle = match launched {
+            Ok(handle) => handle,
+            Err(e) => {
+                // containerd's rule: a container that failed to start is exited (128, StartError).
+                let exit = Exit::start_error(now_ns(), e.full_message());
+                if let Ok((_, record)) = self.blocking_state(move || claim.commit(|c| c.mark_exited(exit))).await {
+                    self.emit(&record, cri::ContainerEventType::ContainerStoppedEvent);
+                }
+                return Err(e);
+            }
+        };
+        let (_, record) = self
+            .blocking_state(move || {
+                claim.commit(|c| {
+                    c.monitor_pid = Some(handle.monitor_pid);
+                    c.start((handle.container_pid > 0).then_some(handle.container_pid), started_at)
+                })
+            })
+            .await?;
+        self.watch_exit(&record.id, handle.monitor_pid);
         self.emit(&record, cri::ContainerEventType::ContainerStartedEvent);
         tracing::info!(container = %record.id, "container started");
         Ok(cri::StartContainerResponse {})
@@ -626,10 +653,18 @@ impl Cri {
         let file = self.store.container_dir(&record.id).join("resources.json");
         std::fs::write(&file, serde_json::to_vec(&oci).expect("resources serialize"))
             .map_err(|e| Error::Host { what: "writing resources.json".into(), source: e })?;
-        let runtime = self.oci_runtime(&record.handler)?;
-        let id = record.id.clone();
-        let result = tokio::task::spawn_blocking(move || runtime.update(&id, &file)).await.map_err(Error::Task)?;
-        result.map_err(|e| Error::Oci { op: "update", id: record.id.clone(), source: Box::new(e) })?;
+        if record.state() == ContainerState::Created && record.monitor_pid.is_none() {
+            // No OCI container yet (StartContainer makes it): the bundle's spec takes the values.
+            update_spec_resources(&record.bundle.join("config.json"), &oci).map_err(|e| Error::Host {
+                what: format!("updating config.json of container {}", record.id),
+                source: e,
+            })?;
+        } else {
+            let runtime = self.oci_runtime(&record.handler)?;
+            let id = record.id.clone();
+            let result = tokio::task::spawn_blocking(move || runtime.update(&id, &file)).await.map_err(Error::Task)?;
+            result.map_err(|e| Error::Oci { op: "update", id: record.id.clone(), source: Box::new(e) })?;
+        }
         // Kept in the stored config, so that ContainerStatus reports the new values.
         let stored = serde_json::to_value(&linux).expect("CRI resources serialize");
         let store = self.store.clone();
@@ -780,6 +815,31 @@ impl Cri {
 }
 
 /// Where a container's monitor listens for attach clients: short, as socket paths must be.
+/// Sets the fields of `resources` (an OCI `LinuxResources`, as `runc update --resources` takes it)
+/// in a bundle's `config.json`, keeping the others.
+fn update_spec_resources<T: serde::Serialize>(config: &Path, resources: &T) -> std::io::Result<()> {
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(config)?)?;
+    let update = serde_json::to_value(resources).map_err(std::io::Error::other)?;
+    let linux = spec.as_object_mut().ok_or_else(|| std::io::Error::other("config.json is not an object"))?;
+    let linux = linux.entry("linux").or_insert_with(|| json!({}));
+    let current = linux
+        .as_object_mut()
+        .ok_or_else(|| std::io::Error::other("config.json linux is not an object"))?
+        .entry("resources")
+        .or_insert_with(|| json!({}));
+    if let (Some(current), Some(update)) = (current.as_object_mut(), update.as_object()) {
+        for (key, value) in update {
+            match (current.get_mut(key).and_then(|v| v.as_object_mut()), value.as_object()) {
+                (Some(inner), Some(fields)) => inner.extend(fields.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                _ => {
+                    current.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
+    std::fs::write(config, serde_json::to_vec_pretty(&spec)?)
+}
+
 pub(crate) fn attach_socket(id: &str) -> PathBuf {
     Path::new(ATTACH_DIR).join(format!("{id}.sock"))
 }
@@ -856,6 +916,22 @@ fn parse_signal(name: &str) -> Option<Signal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resources_of_a_created_container_are_merged_into_its_bundle_spec() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        let spec = json!({"process": {"args": ["sh"]}, "linux": {"resources": {"memory": {"limit": 1}, "pids": {"limit": 5}}}});
+        std::fs::write(&config, spec.to_string()).unwrap();
+        update_spec_resources(&config, &json!({"memory": {"limit": 4096, "swap": 8192}, "cpu": {"shares": 256}}))
+            .unwrap();
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        assert_eq!(
+            spec["linux"]["resources"],
+            json!({"memory": {"limit": 4096, "swap": 8192}, "pids": {"limit": 5}, "cpu": {"shares": 256}})
+        );
+        assert_eq!(spec["process"]["args"], json!(["sh"]), "the rest of the spec is kept");
+    }
 
     #[test]
     fn stop_signals_parse_by_name_short_name_and_number() {

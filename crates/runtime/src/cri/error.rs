@@ -69,8 +69,8 @@ pub enum Error {
         #[source]
         source: Box<berth_oci::OciError>,
     },
-    /// The container's monitor did not get the container created.
-    #[error("create container {id}")]
+    /// The container's monitor did not get the container created and started.
+    #[error("start container {id}")]
     Monitor {
         id: String,
         #[source]
@@ -140,15 +140,21 @@ impl From<Error> for tonic::Status {
                 _ => Code::InvalidArgument,
             },
         };
-        // The client sees no `source()`: the message carries the whole chain.
-        let mut message = e.to_string();
-        let mut cause = std::error::Error::source(&e);
+        tonic::Status::new(code, e.full_message())
+    }
+}
+
+impl Error {
+    /// The message with its whole chain of causes, for clients, which see no `source()`.
+    pub(crate) fn full_message(&self) -> String {
+        let mut message = self.to_string();
+        let mut cause = std::error::Error::source(self);
         while let Some(c) = cause {
             message.push_str(": ");
             message.push_str(&c.to_string());
             cause = c.source();
         }
-        tonic::Status::new(code, message)
+        message
     }
 }
 

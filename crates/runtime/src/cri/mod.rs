@@ -65,6 +65,8 @@ pub struct Cri {
     closing: watch::Sender<bool>,
     /// Serves Exec/Attach/PortForward sessions; started by [`Cri::open`].
     stream: std::sync::OnceLock<berth_stream::StreamServer>,
+    /// Which handlers' binaries pass their self-check (Status lists only those).
+    handler_checks: Arc<runtime::HandlerChecks>,
 }
 
 /// The default network namespace directory.
@@ -104,6 +106,7 @@ impl Cri {
             Cni::new(config.cni.conf_dir.clone(), config.cni.bin_dirs.clone()).with_cache_dir(config.root.join("cni"));
         let netns = KernelNetns::new(options.netns_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_NETNS_DIR)));
         let runtimes = config.handlers.iter().map(|(name, h)| (name.clone(), oci_runtime(h))).collect();
+        let handler_checks = runtime::HandlerChecks::start(&config.handlers).await;
         let (events, _) = broadcast::channel(1024);
         let cri = Arc::new(Cri {
             config,
@@ -120,6 +123,7 @@ impl Cri {
             cpu_samples: Default::default(),
             closing: watch::Sender::new(false),
             stream: std::sync::OnceLock::new(),
+            handler_checks,
         });
         let backend = Arc::new(streaming::StreamBackend(Arc::downgrade(&cri)));
         let address = options.stream_address.unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));

@@ -1,12 +1,17 @@
 //! CRI RuntimeService's runtime-wide verbs: Version, Status, RuntimeConfig and
-//! UpdateRuntimeConfig (sandboxes, containers and stats have their own modules).
+//! UpdateRuntimeConfig (sandboxes, containers and stats have their own modules), and the
+//! self-check of each handler's OCI runtime binary that decides which handlers Status lists.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_cri::v1 as cri;
 use serde_json::json;
 
 use super::Cri;
+use crate::config::Handler;
 
 /// The CRI API version berth speaks (what `VersionResponse.version` reports).
 pub const CRI_VERSION: &str = "0.1.0";
@@ -43,9 +48,14 @@ impl Cri {
         // recursive read-only mounts nor user namespaces are wired yet.
         let features =
             || Some(cri::RuntimeHandlerFeatures { recursive_read_only_mounts: false, user_namespaces: false });
-        // "" stands for the default handler, as containerd lists it, then every handler by name.
+        // "" stands for the default handler, as containerd lists it, then every handler by name;
+        // a handler whose binary fails its self-check is left out, so clients (the node agent,
+        // and through it the scheduler) do not send pods to it.
+        self.handler_checks.refresh_if_stale();
+        let usable = |name: &str| self.config.handler(name).is_some_and(|h| self.handler_checks.usable(&h.name));
         let runtime_handlers = std::iter::once(String::new())
             .chain(self.config.handlers.keys().cloned())
+            .filter(|name| usable(name))
             .map(|name| cri::RuntimeHandler { name, features: features() })
             .collect();
         let info = if req.verbose { self.status_info() } else { HashMap::new() };
@@ -95,8 +105,10 @@ impl Cri {
                 (h.name.clone(), v)
             })
             .collect();
+        let failed: BTreeMap<String, String> = self.handler_checks.failures();
         let config = json!({
             "defaultRuntimeName": c.default_handler,
+            "failedRuntimes": failed,
             "runtimes": handlers,
             "root": c.root,
             "socket": c.socket,
@@ -106,5 +118,166 @@ impl Cri {
             "monitor": self.monitor_binary,
         });
         HashMap::from([("config".to_string(), config.to_string())])
+    }
+}
+
+/// How old a handler check may get before Status starts a new one.
+const HANDLER_RECHECK: Duration = Duration::from_secs(30);
+/// A binary that has not answered `--version` by then counts as broken.
+const HANDLER_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether each handler's OCI runtime binary passes a cheap self-check (`<binary> --version`
+/// exits 0): checked once at startup, then again in the background when Status finds the last
+/// check older than [`HANDLER_RECHECK`], so Status itself never waits for a process.
+pub(crate) struct HandlerChecks {
+    /// Handler name → binary, from the config.
+    binaries: BTreeMap<String, PathBuf>,
+    state: Mutex<CheckState>,
+}
+
+#[derive(Default)]
+struct CheckState {
+    /// Handler name → why its binary failed; handlers absent here passed.
+    failures: BTreeMap<String, String>,
+    checked_at: Option<Instant>,
+    running: bool,
+}
+
+impl HandlerChecks {
+    /// Checks every handler's binary once (concurrently, each bounded by the timeout).
+    pub(crate) async fn start(handlers: &BTreeMap<String, Handler>) -> Arc<HandlerChecks> {
+        let binaries = handlers.iter().map(|(name, h)| (name.clone(), h.binary.clone())).collect();
+        let checks = Arc::new(HandlerChecks { binaries, state: Mutex::new(CheckState::default()) });
+        checks.state().running = true;
+        checks.run().await;
+        checks
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, CheckState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `handler` (a configured name) passed its last check.
+    pub(crate) fn usable(&self, handler: &str) -> bool {
+        !self.state().failures.contains_key(handler)
+    }
+
+    /// Handler name → why its binary failed the last check.
+    pub(crate) fn failures(&self) -> BTreeMap<String, String> {
+        self.state().failures.clone()
+    }
+
+    /// Starts a background re-check when the last one is stale and none is running; outside a
+    /// tokio runtime it does nothing.
+    pub(crate) fn refresh_if_stale(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        {
+            let mut state = self.state();
+            let fresh = state.checked_at.is_some_and(|at| at.elapsed() < HANDLER_RECHECK);
+            if fresh || state.running {
+                return;
+            }
+            state.running = true;
+        }
+        let checks = Arc::clone(self);
+        runtime.spawn(async move { checks.run().await });
+    }
+
+    async fn run(&self) {
+        let checks = self.binaries.iter().map(|(name, binary)| async move { (name, check_binary(binary).await) });
+        let results = futures::future::join_all(checks).await;
+        let mut state = self.state();
+        for (name, result) in results {
+            let before = state.failures.get(name).cloned();
+            match result {
+                Ok(()) => {
+                    if state.failures.remove(name).is_some() {
+                        tracing::info!(handler = %name, "runtime handler passes its self-check again");
+                    }
+                }
+                Err(why) => {
+                    if before.as_ref() != Some(&why) {
+                        tracing::warn!(handler = %name, binary = %self.binaries[name].display(), error = %why,
+                            "runtime handler fails its self-check; Status leaves it out");
+                    }
+                    state.failures.insert(name.clone(), why);
+                }
+            }
+        }
+        state.checked_at = Some(Instant::now());
+        state.running = false;
+    }
+}
+
+/// `<binary> --version` exits 0 within the timeout; else why not.
+async fn check_binary(binary: &std::path::Path) -> Result<(), String> {
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let output = match tokio::time::timeout(HANDLER_CHECK_TIMEOUT, command.output()).await {
+        Err(_) => return Err(format!("{} --version did not exit within {HANDLER_CHECK_TIMEOUT:?}", binary.display())),
+        Ok(Err(e)) => return Err(format!("cannot run {}: {e}", binary.display())),
+        Ok(Ok(output)) => output,
+    };
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    Err(format!("{} --version failed ({}): {}", binary.display(), output.status, stderr.trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn handlers(toml: &str) -> BTreeMap<String, Handler> {
+        Config::from_toml(toml, OsStr::new("")).unwrap().handlers
+    }
+
+    #[tokio::test]
+    async fn a_handler_whose_binary_is_missing_or_fails_is_not_usable() {
+        let checks = HandlerChecks::start(&handlers(
+            r#"
+default_handler = "good"
+[handlers.good]
+binary = "/bin/true"
+[handlers.missing]
+binary = "/nonexistent"
+[handlers.failing]
+binary = "/bin/false"
+"#,
+        ))
+        .await;
+        assert!(checks.usable("good"));
+        assert!(!checks.usable("missing"));
+        assert!(!checks.usable("failing"));
+        let failures = checks.failures();
+        assert!(failures["missing"].contains("/nonexistent"), "{failures:?}");
+        assert!(failures["failing"].contains("--version failed"), "{failures:?}");
+    }
+
+    #[tokio::test]
+    async fn a_fresh_check_is_not_repeated_but_a_stale_one_is() {
+        let checks = HandlerChecks::start(&handlers("[handlers.runc]\nbinary = \"/bin/true\"\n")).await;
+        let first = checks.state().checked_at.unwrap();
+        checks.refresh_if_stale();
+        assert!(!checks.state().running, "a fresh check starts no new one");
+        checks.state().checked_at = Some(first - HANDLER_RECHECK);
+        checks.refresh_if_stale();
+        assert!(checks.state().running, "a stale check starts a new one");
+        for _ in 0..500 {
+            if !checks.state().running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(checks.state().checked_at.unwrap() > first, "the re-check finished");
     }
 }

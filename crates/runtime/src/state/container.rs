@@ -95,6 +95,8 @@ pub enum ExitReason {
     OomKilled,
     /// The exit could not be observed (the process vanished while the runtime was down).
     Unknown,
+    /// The OCI runtime could not start the process (containerd's `StartError`, exit code 128).
+    StartError,
 }
 
 impl ExitReason {
@@ -104,6 +106,7 @@ impl ExitReason {
             ExitReason::Error => "Error",
             ExitReason::OomKilled => "OOMKilled",
             ExitReason::Unknown => "Unknown",
+            ExitReason::StartError => "StartError",
         }
     }
 
@@ -123,6 +126,9 @@ impl fmt::Display for ExitReason {
     }
 }
 
+/// containerd's exit code for a container whose start failed.
+pub const START_ERROR_EXIT_CODE: i32 = 128;
+
 /// How a container ended, as `mark_exited` records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exit {
@@ -137,6 +143,12 @@ impl Exit {
     /// An observed exit, its reason derived from the code and the OOM flag.
     pub fn observed(code: i32, finished_at: i64, oom_killed: bool) -> Self {
         Exit { code, finished_at, reason: ExitReason::from_exit(code, oom_killed), message: String::new() }
+    }
+
+    /// A start that failed, as containerd records it: code 128, reason `StartError`, the error
+    /// as message.
+    pub fn start_error(finished_at: i64, message: impl Into<String>) -> Self {
+        Exit { code: START_ERROR_EXIT_CODE, finished_at, reason: ExitReason::StartError, message: message.into() }
     }
 
     /// An exit that was not observed: code 255, reason `Unknown`, at `finished_at`.

@@ -1,0 +1,63 @@
+//! `berth agent`: the node agent, registering this node and running its pods through CRI runtimes.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use berth_agent::config::Flags;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The agent's TOML config file, re-read on change (SIGHUP or a write); flags override it.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Kubeconfig to reach the control plane (e.g. from `berth server token create --node NAME`).
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// The Node's name; default: the hostname, lowercased.
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// CRI runtimes as `workloadType:name:endpoint;…`, e.g.
+    /// `container:berth:unix:///run/berth/runtime.sock;container:containerd:unix:///run/containerd/containerd.sock`;
+    /// a bare `unix:///…` is one container endpoint named `runtime`. The first of a workload type is
+    /// its default. Default: `container:berth:unix:///run/berth/runtime.sock`.
+    #[arg(long, value_name = "LIST")]
+    container_runtime_endpoint: Option<String>,
+    /// Image services, in the same syntax, matched to the runtime endpoints by name; default: each
+    /// runtime endpoint serves its own images.
+    #[arg(long, value_name = "LIST")]
+    image_service_endpoint: Option<String>,
+    /// Port of the kubelet API (logs, exec, attach, port-forward); default 10250.
+    #[arg(long, value_name = "PORT")]
+    port: Option<u16>,
+    /// Report the node Ready while at least one runtime is ready (default: all must be).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    partial_readiness: Option<bool>,
+    /// Disk usage percent above which unused images are removed; default 85.
+    #[arg(long, value_name = "PERCENT")]
+    image_gc_high_threshold: Option<u8>,
+    /// Disk usage percent image garbage collection brings the disk down to; default 80.
+    #[arg(long, value_name = "PERCENT")]
+    image_gc_low_threshold: Option<u8>,
+    /// The agent's state directory; default /var/lib/berth/agent.
+    #[arg(long, value_name = "PATH")]
+    root_dir: Option<PathBuf>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let absolute = |p: Option<PathBuf>, flag: &str| -> anyhow::Result<Option<PathBuf>> {
+        p.map(|p| std::path::absolute(p).with_context(|| flag.to_string())).transpose()
+    };
+    let flags = Flags {
+        config: absolute(args.config, "--config")?,
+        kubeconfig: absolute(args.kubeconfig, "--kubeconfig")?,
+        node_name: args.node_name,
+        container_runtime_endpoint: args.container_runtime_endpoint,
+        image_service_endpoint: args.image_service_endpoint,
+        port: args.port,
+        partial_readiness: args.partial_readiness,
+        image_gc_high_threshold: args.image_gc_high_threshold,
+        image_gc_low_threshold: args.image_gc_low_threshold,
+        root_dir: absolute(args.root_dir, "--root-dir")?,
+    };
+    berth_agent::agent::run(flags).await.context("berth agent")
+}
