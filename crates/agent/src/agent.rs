@@ -6,6 +6,7 @@
 //! ([`crate::node`]), the configuration watcher (SIGHUP, and the file's content checked every
 //! [`CONFIG_CHECK_INTERVAL`]), the pod workers and the kubelet API. They share a [`Context`].
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,7 +78,14 @@ pub enum AgentError {
     },
     #[error("installing a signal handler")]
     Signal(#[source] std::io::Error),
+    #[error("the pod workers stopped")]
+    Pods(#[source] crate::pods::Error),
+    #[error("serving the kubelet API")]
+    KubeletApi(#[source] crate::http::Error),
 }
+
+/// Where container logs live, `<namespace>_<pod>_<uid>/<container>/<restart>.log`, as kubelet keeps them.
+pub const POD_LOG_DIR: &str = "/var/log/pods";
 
 /// `error: cause: cause …`, for logs.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -119,18 +127,35 @@ pub fn endpoints(config: &Config) -> Result<Vec<Endpoint>, AgentError> {
 pub async fn run(flags: Flags) -> Result<(), AgentError> {
     let config = Config::load(&flags)?;
     let ctx = start(flags, config).await?;
-    // LEAD: the pod workers and the kubelet API start here, from `ctx`:
-    //   crate::pods::run(pods::Settings { client: ctx.client.clone(), node_name: ctx.node_name.clone(),
-    //       runtimes: ctx.runtimes.clone(), root_dir: ctx.root_dir.clone(), pod_log_dir: …,
-    //       image_gc_high_threshold/low: ctx.image_gc_thresholds() })
-    //   crate::http::serve(http::Settings { client, node_name, runtimes, port: ctx.port, bind_address: …,
-    //       cert_dir: ctx.root_dir.join(…) })
-    // and their errors should end `run` like a signal does.
+    let (image_gc_high_threshold, image_gc_low_threshold) = ctx.image_gc_thresholds();
+    let pods = crate::pods::run(crate::pods::Settings {
+        client: ctx.client.clone(),
+        node_name: ctx.node_name.clone(),
+        runtimes: ctx.runtimes.clone(),
+        root_dir: ctx.root_dir.clone(),
+        pod_log_dir: PathBuf::from(POD_LOG_DIR),
+        image_gc_high_threshold,
+        image_gc_low_threshold,
+    });
+    let kubelet_api = crate::http::serve(crate::http::Settings {
+        client: ctx.client.clone(),
+        node_name: ctx.node_name.clone(),
+        runtimes: ctx.runtimes.clone(),
+        port: ctx.port,
+        bind_address: IpAddr::from([0, 0, 0, 0]),
+        cert_dir: ctx.root_dir.join("pki"),
+    });
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        result = pods => {
+            result.map_err(AgentError::Pods)?;
+        }
+        result = kubelet_api => {
+            result.map_err(AgentError::KubeletApi)?;
+        }
     }
     tracing::info!(node = %ctx.node_name, "berth agent stopping; containers keep running");
     Ok(())

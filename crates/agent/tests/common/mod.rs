@@ -494,8 +494,17 @@ impl Agent {
         Agent::start_with(server, node_name, config, &[])
     }
 
+    /// As the node itself: with `kubeconfig` (from `berth server token create --node`).
+    pub fn start_as(node_name: &str, config: &str, kubeconfig: &Path) -> Agent {
+        Agent::launch(node_name, config, kubeconfig, &[])
+    }
+
     /// With extra flags after the harness's own.
     pub fn start_with(server: &Server, node_name: &str, config: &str, extra: &[&str]) -> Agent {
+        Agent::launch(node_name, config, &server.kubeconfig(), extra)
+    }
+
+    fn launch(node_name: &str, config: &str, kubeconfig: &Path, extra: &[&str]) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("agent.toml"), config).unwrap();
         let mut agent = Agent {
@@ -503,7 +512,7 @@ impl Agent {
             dir,
             node_name: node_name.into(),
             port: free_port(),
-            kubeconfig: server.kubeconfig(),
+            kubeconfig: kubeconfig.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             starts: 0,
         };

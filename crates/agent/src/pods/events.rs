@@ -1,0 +1,123 @@
+//! Pod events as kubelet records them (core/v1 Events, source `{component: kubelet, host: NODE}`),
+//! written in the background so that emitting never slows a pod down; a repeat of the same
+//! event on the same object bumps its `count` and `lastTimestamp` instead of adding another.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::mpsc;
+
+/// The component events are reported as (kubelet's, so that tools filtering on it find them).
+pub const COMPONENT: &str = "kubelet";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Type {
+    Normal,
+    Warning,
+}
+
+impl Type {
+    fn as_str(self) -> &'static str {
+        match self {
+            Type::Normal => "Normal",
+            Type::Warning => "Warning",
+        }
+    }
+}
+
+/// One event about a pod (or one of its containers, through `field_path`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEvent {
+    pub namespace: String,
+    pub pod_name: String,
+    pub pod_uid: String,
+    /// `spec.containers{app}`, `spec.initContainers{init}`, or empty for the pod itself.
+    pub field_path: String,
+    pub type_: Type,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Emits events; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Recorder {
+    tx: mpsc::UnboundedSender<PodEvent>,
+}
+
+impl Recorder {
+    /// A recorder whose writer runs on the current Tokio runtime until every clone is dropped.
+    pub fn spawn(client: kube::Client, node_name: String) -> Recorder {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_events(client, node_name, rx));
+        Recorder { tx }
+    }
+
+    pub fn emit(&self, event: PodEvent) {
+        tracing::debug!(pod = %event.pod_name, reason = %event.reason, message = %event.message, "event");
+        let _ = self.tx.send(event);
+    }
+}
+
+/// Key for aggregation: the same reason and message about the same object.
+type Key = (String, String, String, String);
+
+async fn write_events(client: kube::Client, node: String, mut rx: mpsc::UnboundedReceiver<PodEvent>) {
+    // Event name and count of each event written, to count repeats; bounded by dropping all
+    // entries now and then (a repeat after that starts a new event, as kubelet's cache does).
+    let mut written: HashMap<Key, (String, i32)> = HashMap::new();
+    while let Some(e) = rx.recv().await {
+        if written.len() > 4096 {
+            written.clear();
+        }
+        let api: Api<core::Event> = Api::namespaced(client.clone(), &e.namespace);
+        let key = (e.pod_uid.clone(), e.field_path.clone(), e.reason.clone(), e.message.clone());
+        let now = Time(jiff::Timestamp::now());
+        if let Some((name, count)) = written.get_mut(&key) {
+            let patch = serde_json::json!({"count": *count + 1, "lastTimestamp": now});
+            match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    *count += 1;
+                    continue;
+                }
+                Err(err) => tracing::debug!(error = %err, "event to bump is gone; writing a new one"),
+            }
+        }
+        let name = format!("{}.{:x}", e.pod_name, now.0.as_nanosecond());
+        let event = core::Event {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(e.namespace.clone()),
+                ..Default::default()
+            },
+            involved_object: core::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(e.pod_name.clone()),
+                namespace: Some(e.namespace.clone()),
+                uid: Some(e.pod_uid.clone()),
+                field_path: Some(e.field_path.clone()).filter(|f| !f.is_empty()),
+                ..Default::default()
+            },
+            reason: Some(e.reason.clone()),
+            message: Some(e.message.clone()),
+            type_: Some(e.type_.as_str().into()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(core::EventSource { component: Some(COMPONENT.into()), host: Some(node.clone()) }),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(node.clone()),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &event).await {
+            Ok(_) => {
+                written.insert(key, (name, 1));
+            }
+            Err(err) => {
+                tracing::warn!(pod = %e.pod_name, reason = %e.reason, error = %err, "could not record an event")
+            }
+        }
+    }
+}
