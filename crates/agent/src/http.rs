@@ -38,6 +38,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
+use crate::agent::error_chain;
 use crate::runtimes::RuntimeManager;
 use auth::{AuthError, Authenticator};
 use forward::text_error;
@@ -339,18 +340,6 @@ async fn container_logs(
     let mut response = Response::new(Body::from_stream(body));
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     response
-}
-
-/// `err: cause: cause…`, for messages that go to a client.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The stdin/stdout/stderr/tty flags of an exec or attach request (`1` or `true` mean yes).

@@ -88,7 +88,7 @@ impl HostReality {
                 oom_killed: exit.oom_killed,
             }),
             Ok(None) => None,
-            Err(e) => Some(Observed::Unknown { reason: chain(&e) }),
+            Err(e) => Some(Observed::Unknown { reason: berth_cni::cni::error_chain(&e) }),
         }
     }
 
@@ -123,7 +123,7 @@ impl Reality for HostReality {
         }
         let recorded_monitor = match berth_monitor::read_monitor_pid(&dir) {
             Ok(pid) => pid,
-            Err(e) => return Observed::Unknown { reason: chain(&e) },
+            Err(e) => return Observed::Unknown { reason: berth_cni::cni::error_chain(&e) },
         };
         if recorded_monitor.is_none() && record.state() == ContainerState::Created {
             // Never started: the OCI container is made by StartContainer. It can still start if
@@ -151,7 +151,7 @@ impl Reality for HostReality {
                 Status::Stopped => Self::exit_of_ended(&dir, monitor_pid, "stopped"),
             },
             Err(OciError::NotFound { .. }) => Self::exit_of_ended(&dir, monitor_pid, "unknown to the OCI runtime"),
-            Err(e) => Observed::Unknown { reason: chain(&e) },
+            Err(e) => Observed::Unknown { reason: berth_cni::cni::error_chain(&e) },
         }
     }
 
@@ -201,18 +201,6 @@ pub fn process_alive(pid: i32) -> io::Result<bool> {
     // "<pid> (<comm>) <state> ...": comm may hold ')', so the state follows the last one.
     let state = stat.rfind(')').and_then(|close| stat[close + 1..].trim_start().chars().next());
     Ok(!matches!(state, None | Some('Z' | 'X' | 'x')))
-}
-
-/// An error and its sources, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 /// Parses an RFC 3339 timestamp (`2025-01-01T00:00:00.123456789Z`, any number of fraction digits,

@@ -133,6 +133,38 @@ fn check_relative(path: &str) -> Result<(), VolumeError> {
     if ok { Ok(()) } else { Err(VolumeError::InvalidPath(path.to_string())) }
 }
 
+/// The files of configMap `name` (nothing when it is missing and `optional`).
+fn config_map_files(
+    sources: &Sources,
+    name: &str,
+    items: Option<&Vec<core::KeyToPath>>,
+    default_mode: Option<i32>,
+    optional: bool,
+    out: &mut BTreeMap<String, File>,
+) -> Result<(), VolumeError> {
+    match sources.config_map(name) {
+        Some(data) => key_files(data, items, default_mode, optional, VolumeError::ConfigMapKeyNotFound, out),
+        None if optional => Ok(()),
+        None => Err(VolumeError::ConfigMapNotFound(name.to_string())),
+    }
+}
+
+/// The files of secret `name` (nothing when it is missing and `optional`).
+fn secret_files(
+    sources: &Sources,
+    name: &str,
+    items: Option<&Vec<core::KeyToPath>>,
+    default_mode: Option<i32>,
+    optional: bool,
+    out: &mut BTreeMap<String, File>,
+) -> Result<(), VolumeError> {
+    match sources.secret(name) {
+        Some(data) => key_files(data, items, default_mode, optional, VolumeError::SecretKeyNotFound, out),
+        None if optional => Ok(()),
+        None => Err(VolumeError::SecretNotFound(name.to_string())),
+    }
+}
+
 /// The files of a key-to-path projection from `data` (a ConfigMap's or Secret's).
 fn key_files(
     data: &BTreeMap<String, Vec<u8>>,
@@ -196,60 +228,21 @@ pub fn payload(
     let lenient = is_service_account_volume(v);
     if let Some(cm) = &v.config_map {
         let optional = cm.optional == Some(true);
-        match sources.config_map(&cm.name) {
-            Some(data) => key_files(
-                data,
-                cm.items.as_ref(),
-                cm.default_mode,
-                optional,
-                VolumeError::ConfigMapKeyNotFound,
-                &mut out,
-            )?,
-            None if optional => {}
-            None => return Err(VolumeError::ConfigMapNotFound(cm.name.clone())),
-        }
+        config_map_files(sources, &cm.name, cm.items.as_ref(), cm.default_mode, optional, &mut out)?;
     } else if let Some(s) = &v.secret {
-        let name = s.secret_name.clone().unwrap_or_default();
+        let name = s.secret_name.as_deref().unwrap_or_default();
         let optional = s.optional == Some(true);
-        match sources.secret(&name) {
-            Some(data) => {
-                key_files(data, s.items.as_ref(), s.default_mode, optional, VolumeError::SecretKeyNotFound, &mut out)?
-            }
-            None if optional => {}
-            None => return Err(VolumeError::SecretNotFound(name)),
-        }
+        secret_files(sources, name, s.items.as_ref(), s.default_mode, optional, &mut out)?;
     } else if let Some(d) = &v.downward_api {
         downward_files(pod, ctx, d.items.as_ref(), d.default_mode, &mut out)?;
     } else if let Some(p) = &v.projected {
         for source in p.sources.iter().flatten() {
             if let Some(cm) = &source.config_map {
                 let optional = cm.optional == Some(true) || lenient;
-                match sources.config_map(&cm.name) {
-                    Some(data) => key_files(
-                        data,
-                        cm.items.as_ref(),
-                        p.default_mode,
-                        optional,
-                        VolumeError::ConfigMapKeyNotFound,
-                        &mut out,
-                    )?,
-                    None if optional => {}
-                    None => return Err(VolumeError::ConfigMapNotFound(cm.name.clone())),
-                }
+                config_map_files(sources, &cm.name, cm.items.as_ref(), p.default_mode, optional, &mut out)?;
             } else if let Some(s) = &source.secret {
                 let optional = s.optional == Some(true);
-                match sources.secret(&s.name) {
-                    Some(data) => key_files(
-                        data,
-                        s.items.as_ref(),
-                        p.default_mode,
-                        optional,
-                        VolumeError::SecretKeyNotFound,
-                        &mut out,
-                    )?,
-                    None if optional => {}
-                    None => return Err(VolumeError::SecretNotFound(s.name.clone())),
-                }
+                secret_files(sources, &s.name, s.items.as_ref(), p.default_mode, optional, &mut out)?;
             } else if let Some(d) = &source.downward_api {
                 downward_files(pod, ctx, d.items.as_ref(), p.default_mode, &mut out)?;
             } else if source.service_account_token.is_some() {

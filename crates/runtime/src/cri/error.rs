@@ -147,14 +147,7 @@ impl From<Error> for tonic::Status {
 impl Error {
     /// The message with its whole chain of causes, for clients, which see no `source()`.
     pub(crate) fn full_message(&self) -> String {
-        let mut message = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            message.push_str(": ");
-            message.push_str(&c.to_string());
-            cause = c.source();
-        }
-        message
+        berth_cni::cni::error_chain(self)
     }
 }
 
