@@ -263,6 +263,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
                 if let Some(found) = recovered.take() {
                     supervisor.adopt_orphans(found.into_values().collect());
                     tasks.spawn(gc::find_orphans(ctx.clone(), orphans_tx.clone()));
+                    tasks.spawn(gc::inventory_late(ctx.clone(), orphans_tx.clone()));
                 }
             }
             Ok(Event::Apply(pod)) => supervisor.apply(pod),

@@ -78,6 +78,8 @@ impl SelectError {
 struct Entry {
     endpoint: Arc<Endpoint>,
     status: EndpointStatus,
+    /// Its pods have been listed since it was configured, so the pod cache knows what it holds.
+    inventoried: bool,
 }
 
 /// The endpoints of this node, their last status, and the pod→endpoint cache.
@@ -124,7 +126,7 @@ impl RuntimeManager {
                     }
                     entry
                 }
-                None => Entry { endpoint: Arc::new(endpoint), status: EndpointStatus::default() },
+                None => Entry { endpoint: Arc::new(endpoint), status: EndpointStatus::default(), inventoried: false },
             };
             entries.push(entry);
         }
@@ -178,6 +180,25 @@ impl RuntimeManager {
             drop(entries);
             self.changes.send_modify(|n| *n += 1);
         }
+    }
+
+    /// Records that `endpoint`'s pods were listed into the pod cache (dropped if the endpoint was
+    /// replaced meanwhile).
+    pub fn mark_inventoried(&self, endpoint: &Arc<Endpoint>) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = entries.iter_mut().find(|e| e.endpoint.same_runtime(endpoint)) else { return };
+        if !entry.inventoried {
+            entry.inventoried = true;
+            drop(entries);
+            self.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Endpoints whose pods have not been listed yet (unreachable since they were configured):
+    /// a pod found on none of the others may still run on one of them.
+    pub fn uninventoried(&self) -> Vec<Arc<Endpoint>> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries.iter().filter(|e| !e.inventoried).map(|e| Arc::clone(&e.endpoint)).collect()
     }
 
     /// The endpoint for a pod with `handler` (from its RuntimeClass, `""` without one), pinned to
@@ -588,6 +609,22 @@ mod tests {
         assert!(s.message.starts_with(&format!("CRI Version on {address} failed: ")), "{}", s.message);
         assert!(s.message.contains("No such file or directory"), "{}", s.message);
         assert_eq!((s.runtime_name.as_str(), s.runtime_version.as_str()), ("berth", "0.1.0"));
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_counts_as_uninventoried_until_its_pods_are_listed_and_again_when_replaced() {
+        let m = manager();
+        let names = |m: &RuntimeManager| m.uninventoried().iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&m), ["berth", "containerd"]);
+        let berth = m.endpoint("berth").unwrap();
+        m.mark_inventoried(&berth);
+        assert_eq!(names(&m), ["containerd"]);
+        m.set_endpoints(vec![endpoint("berth"), endpoint("containerd")]);
+        assert_eq!(names(&m), ["containerd"], "an endpoint that stays keeps its inventory");
+        m.set_endpoints(vec![Endpoint::connect_lazy("container", "berth", "unix:///elsewhere.sock", "").unwrap()]);
+        assert_eq!(names(&m), ["berth"], "another socket under the same name is a new runtime");
+        m.mark_inventoried(&berth);
+        assert_eq!(names(&m), ["berth"], "marking the replaced endpoint changes nothing");
     }
 
     #[tokio::test]

@@ -104,3 +104,51 @@ async fn kubectl_runs_pods_of_every_class_reads_their_logs_execs_into_them_and_d
     let sandboxes = runtime.cri(&["pods", "-q"]);
     assert_eq!(String::from_utf8_lossy(&sandboxes.stdout).trim(), "", "no sandbox is left in the runtime");
 }
+
+/// Sandbox IDs in `runtime` of the pod with `uid`.
+fn sandboxes_of(runtime: &Runtime, uid: &str) -> Vec<String> {
+    let out = runtime.cri(&["pods", "-q", "--label", &format!("io.kubernetes.pod.uid={uid}")]);
+    assert!(out.status.success(), "berth cri pods: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_waits_for_a_runtime_that_is_down_instead_of_starting_its_pods_twice() {
+    let registry = Registry::start();
+    let image = registry.push_image("busybox", "1.0", &busybox_image(Format::Oci)).await.reference;
+    let server = Server::start();
+    let mut first = Runtime::builder().insecure_registry(registry.host()).start();
+    let second = Runtime::builder().insecure_registry(registry.host()).start();
+    // `first` is the default endpoint: a pod without a RuntimeClass runs there.
+    let mut agent = Agent::start(&server, NODE, &agent_toml(&[("first", &first), ("second", &second)], false));
+    apply(&server, pod("kept", None, &image, "exec sleep 3600"));
+    let ready = server.kubectl(&["wait", "--for=condition=Ready", "pod/kept", "--timeout=120s"]);
+    assert!(ready.status.success(), "pod Ready: {}\n{}", String::from_utf8_lossy(&ready.stderr), agent.log());
+    let uid = server.kubectl_ok(&["get", "pod", "kept", "-o", "jsonpath={.metadata.uid}"]);
+    assert_eq!(sandboxes_of(&first, &uid).len(), 1);
+
+    // The agent dies, and its pod's runtime is down when it comes back; `second` is ready and
+    // now the default, and serves the pod's handler too.
+    agent.kill9();
+    first.stop();
+    agent.write_config(&agent_toml(&[("second", &second), ("first", &first)], true));
+    agent.restart();
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    assert_eq!(sandboxes_of(&second, &uid), Vec::<String>::new(), "not started on the other runtime:\n{}", agent.log());
+
+    // Deleting it meanwhile waits for the runtime that holds it.
+    let deleting = server.kubectl(&["delete", "pod", "kept", "--wait=false"]);
+    assert!(deleting.status.success(), "{}", String::from_utf8_lossy(&deleting.stderr));
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    assert_eq!(sandboxes_of(&second, &uid), Vec::<String>::new(), "not started on the other runtime:\n{}", agent.log());
+    let left = server.kubectl_ok(&["get", "pods", "-o", "name"]);
+    assert_eq!(left.trim(), "pod/kept", "still there while its containers may run");
+    first.restart();
+    eventually("the pod stopped on its runtime and gone from the API", || async {
+        let left = server.kubectl_ok(&["get", "pods", "-o", "name"]);
+        left.trim().is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(sandboxes_of(&first, &uid), Vec::<String>::new(), "torn down where it ran");
+    assert_eq!(sandboxes_of(&second, &uid), Vec::<String>::new(), "never started elsewhere:\n{}", agent.log());
+}

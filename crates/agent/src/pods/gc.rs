@@ -15,6 +15,7 @@ use super::images::{self, StoredImage, UsageRecord};
 use super::labels;
 use super::mount;
 use super::worker::Context;
+use crate::endpoint::Endpoint;
 
 /// How often containers and sandboxes are checked (kubelet: every minute).
 pub const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);
@@ -33,22 +34,36 @@ pub struct Found {
 }
 
 /// Every pod of this node with a sandbox or container in any endpoint, by the standard labels
-/// (and berth's node label: another agent's pods in a shared runtime are not ours).
+/// (and berth's node label: another agent's pods in a shared runtime are not ours). Each endpoint
+/// listed counts as inventoried; one that cannot be listed is skipped (see [`inventory_late`]).
 pub async fn pods_in_runtimes(ctx: &Context) -> HashMap<String, Found> {
     let mut found = HashMap::new();
     for (ep, _) in ctx.runtimes.endpoints() {
-        let sandboxes = match cri::node_sandboxes(&ep, &ctx.node_name).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(endpoint = %ep.name, error = %crate::agent::error_chain(&e), "cannot list the endpoint's pods");
-                continue;
+        match pods_in(ctx, &ep).await {
+            Ok(pods) => {
+                ctx.runtimes.mark_inventoried(&ep);
+                for f in pods {
+                    found.entry(f.uid.clone()).or_insert(f);
+                }
             }
-        };
-        let containers = cri::node_containers(&ep, &ctx.node_name).await.unwrap_or_default();
-        let labelled = sandboxes.iter().map(|s| &s.labels).chain(containers.iter().map(|c| &c.labels));
-        for l in labelled {
-            let Some(uid) = labels::pod_uid(l) else { continue };
-            found.entry(uid.to_string()).or_insert_with(|| Found {
+            Err(e) => {
+                tracing::warn!(endpoint = %ep.name, error = %crate::agent::error_chain(&e), "cannot list the endpoint's pods")
+            }
+        }
+    }
+    found
+}
+
+/// The pods of this node with a sandbox or container on `ep`.
+async fn pods_in(ctx: &Context, ep: &Endpoint) -> Result<Vec<Found>, cri::CriError> {
+    let sandboxes = cri::node_sandboxes(ep, &ctx.node_name).await?;
+    let containers = cri::node_containers(ep, &ctx.node_name).await?;
+    let labelled = sandboxes.iter().map(|s| &s.labels).chain(containers.iter().map(|c| &c.labels));
+    let mut found: Vec<Found> = Vec::new();
+    for l in labelled {
+        let Some(uid) = labels::pod_uid(l) else { continue };
+        if !found.iter().any(|f| f.uid == uid) {
+            found.push(Found {
                 uid: uid.to_string(),
                 name: l.get(labels::POD_NAME).cloned().unwrap_or_default(),
                 namespace: l.get(labels::POD_NAMESPACE).cloned().unwrap_or_default(),
@@ -56,7 +71,48 @@ pub async fn pods_in_runtimes(ctx: &Context) -> HashMap<String, Found> {
             });
         }
     }
-    found
+    Ok(found)
+}
+
+/// Lists the pods of endpoints that could not be listed before (unreachable when the agent
+/// started, or configured since) as soon as they answer: their pods go into the pod cache, so
+/// that workers waiting for them adopt their sandboxes instead of starting the pods elsewhere,
+/// and to `orphans`, so those the API no longer has are torn down.
+pub async fn inventory_late(ctx: Arc<Context>, orphans: mpsc::Sender<Vec<Found>>) {
+    let mut changes = ctx.runtimes.changes();
+    loop {
+        let statuses = ctx.runtimes.endpoints();
+        for ep in ctx.runtimes.uninventoried() {
+            let ready = statuses.iter().any(|(e, s)| e.same_runtime(&ep) && s.ready);
+            if !ready {
+                continue;
+            }
+            let pods = match pods_in(&ctx, &ep).await {
+                Ok(pods) => pods,
+                Err(e) => {
+                    tracing::warn!(endpoint = %ep.name, error = %crate::agent::error_chain(&e), "cannot list the endpoint's pods");
+                    continue;
+                }
+            };
+            for f in &pods {
+                match ctx.runtimes.endpoint_name_of(&f.uid) {
+                    None => ctx.runtimes.remember(&f.uid, &f.endpoint),
+                    Some(other) if other != f.endpoint => {
+                        tracing::warn!(pod = %f.name, namespace = %f.namespace, uid = %f.uid, endpoint = %f.endpoint, other, "pod found on two runtimes")
+                    }
+                    Some(_) => {}
+                }
+            }
+            tracing::info!(endpoint = %ep.name, pods = pods.len(), "listed the pods of a runtime that answered late");
+            ctx.runtimes.mark_inventoried(&ep);
+            if orphans.send(pods).await.is_err() {
+                return;
+            }
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Every [`CONTAINER_GC_PERIOD`], sends the pods found in runtimes to `orphans`; the supervisor

@@ -61,6 +61,8 @@ const VOLUME_REFRESH: Duration = Duration::from_secs(60);
 /// How soon a container that could not start for want of something (a ConfigMap, a Secret, a
 /// volume) is tried again.
 const BLOCKED_RETRY: Duration = Duration::from_secs(5);
+/// How often a pod that may be on a runtime not listed yet looks again (the listing also wakes it).
+const INVENTORY_WAIT: Duration = Duration::from_secs(5);
 /// kubelet's floor for a container's stop timeout.
 const MIN_GRACE_SECONDS: i64 = 2;
 
@@ -194,6 +196,8 @@ pub struct Worker {
     /// The last RuntimeHandlerNotFound message reported, so it is reported once.
     reported_select: Option<String>,
     select_retry: Duration,
+    /// Waiting for unlisted runtimes was logged.
+    reported_unlisted: bool,
     wake: Arc<Notify>,
     /// A container could not be created because the sandbox is going away.
     sandbox_suspect: bool,
@@ -228,6 +232,7 @@ impl Worker {
             volumes: None,
             reported_select: None,
             select_retry: Duration::from_secs(1),
+            reported_unlisted: false,
             wake,
             sandbox_suspect: false,
             pods: None,
@@ -357,6 +362,21 @@ impl Worker {
         }
     }
 
+    /// Whether an agent took this pod up before (it has a `startTime`) while a runtime whose pods
+    /// were never listed (unreachable since this agent started) may hold its sandbox.
+    fn may_run_on_an_unlisted_runtime(&mut self) -> bool {
+        let started = self.status.as_ref().is_some_and(|s| s.start_time.is_some());
+        let unlisted: Vec<String> = self.ctx.runtimes.uninventoried().iter().map(|e| e.name.clone()).collect();
+        if !started || unlisted.is_empty() {
+            return false;
+        }
+        if !self.reported_unlisted {
+            self.reported_unlisted = true;
+            tracing::info!(pod = %self.pod_ref(), runtimes = ?unlisted, "waiting for runtimes that may hold the pod to answer before starting it");
+        }
+        true
+    }
+
     async fn resolve(&mut self) -> Result<Next, WorkerError> {
         let finished = matches!(self.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed"));
         if finished && self.ctx.runtimes.endpoint_of(&self.uid).is_none() {
@@ -383,6 +403,10 @@ impl Worker {
         let pinned = self.pod.metadata.annotations.as_ref().and_then(|a| a.get(SERVICE_ANNOTATION)).cloned();
         let endpoint = match self.ctx.runtimes.endpoint_of(&self.uid) {
             Some(ep) => ep,
+            None if self.may_run_on_an_unlisted_runtime() => {
+                // Starting it elsewhere could run it twice: wait until those runtimes answer.
+                return Ok(Next::After(INVENTORY_WAIT));
+            }
             None => match self.ctx.runtimes.select(&handler, pinned.as_deref()) {
                 Ok(ep) => ep,
                 Err(e) => return self.no_runtime(e).await,
@@ -1211,6 +1235,10 @@ impl Worker {
                 sandbox: None,
             }),
         };
+        if rt.is_none() && self.may_run_on_an_unlisted_runtime() {
+            // Its containers may run there: the API object goes only once they are stopped.
+            return Ok(Next::After(INVENTORY_WAIT));
+        }
         if let Some(rt) = &rt {
             let instances = self.observe(rt).await?;
             let grace = self.grace_seconds();
