@@ -571,8 +571,10 @@ impl Repository<'_> {
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             let message = error_message(resp).await;
+            // A digest follows `@`, a tag `:`.
+            let separator = if reference.contains(':') { '@' } else { ':' };
             return Err(ImageError::InvalidArgument(format!(
-                "image {}/{}:{reference} not found in the registry ({message})",
+                "image {}/{}{separator}{reference} not found in the registry ({message})",
                 self.registry, self.repository
             )));
         }

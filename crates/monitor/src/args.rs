@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! berth-monitor --id ID --state-dir DIR --pid-file FILE [--log-path FILE]
-//!     [--stdin [--stdin-once]] [--attach-socket PATH] -- CREATE-ARGV...
+//!     [--stdin [--stdin-once]] [--attach-socket PATH] [--console-socket PATH] -- CREATE-ARGV...
 //! ```
 //!
 //! `CREATE-ARGV` is the OCI runtime's create command (`runc --root R create --bundle B --pid-file
@@ -14,6 +14,10 @@
 //! `--stdin` gives the container a pipe as stdin, held open by the monitor (else /dev/null);
 //! `--attach-socket` serves the attach protocol ([`crate::attach`]) at PATH, whose clients' input
 //! goes to that pipe; `--stdin-once` closes it when the first client's input ends.
+//!
+//! `--console-socket PATH` is for a container with a terminal: the monitor listens there and the
+//! create command (given the same path as its own `--console-socket`) sends it the pty's master,
+//! which then takes the place of the stdout pipe and, with `--stdin`, of the stdin pipe.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -48,6 +52,8 @@ pub struct MonitorArgs {
     pub stdin_once: bool,
     /// Where to serve the attach protocol; `None`: no attach.
     pub attach_socket: Option<PathBuf>,
+    /// Where the OCI runtime sends the pty master of a container with a terminal.
+    pub console_socket: Option<PathBuf>,
     /// The OCI runtime's create command.
     pub create_command: Vec<OsString>,
     /// Set on the second stage, which does the work after the first one detached it.
@@ -73,6 +79,9 @@ impl MonitorArgs {
         if let Some(socket) = &self.attach_socket {
             out.extend(["--attach-socket".into(), socket.clone().into()]);
         }
+        if let Some(socket) = &self.console_socket {
+            out.extend(["--console-socket".into(), socket.clone().into()]);
+        }
         if self.detached {
             out.push("--detached".into());
         }
@@ -85,7 +94,7 @@ impl MonitorArgs {
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, ArgsError> {
         let mut args = args.into_iter();
         let (mut id, mut state_dir, mut pid_file, mut log_path) = (None, None, None, None);
-        let mut attach_socket = None;
+        let (mut attach_socket, mut console_socket) = (None, None);
         let (mut detached, mut stdin, mut stdin_once) = (false, false, false);
         loop {
             let Some(arg) = args.next() else { return Err(ArgsError::NoCommand) };
@@ -106,6 +115,7 @@ impl MonitorArgs {
                 Some("--pid-file") => &mut pid_file,
                 Some("--log-path") => &mut log_path,
                 Some("--attach-socket") => &mut attach_socket,
+                Some("--console-socket") => &mut console_socket,
                 _ => return Err(ArgsError::Unknown(arg.to_string_lossy().into_owned())),
             };
             let value = args.next().ok_or_else(|| ArgsError::MissingValue(arg.to_string_lossy().into_owned()))?;
@@ -123,6 +133,7 @@ impl MonitorArgs {
             stdin,
             stdin_once,
             attach_socket: attach_socket.map(PathBuf::from),
+            console_socket: console_socket.map(PathBuf::from),
             create_command,
             detached,
         })
@@ -152,6 +163,7 @@ mod tests {
             stdin: true,
             stdin_once: true,
             attach_socket: Some("/run/berth/attach/c1.sock".into()),
+            console_socket: Some("/run/berth/attach/c1.console".into()),
             create_command: args(&["runc", "create", "--bundle", "/b", "c1"]),
             detached: true,
         };
@@ -162,6 +174,7 @@ mod tests {
             stdin: false,
             stdin_once: false,
             attach_socket: None,
+            console_socket: None,
             ..original
         };
         assert_eq!(MonitorArgs::parse(no_log.to_args()).unwrap(), no_log);

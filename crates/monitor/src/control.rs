@@ -21,6 +21,8 @@ pub enum ControlError {
     Signal { pid: i32, source: nix::Error },
     #[error("reading {path}")]
     PidFile { path: PathBuf, source: io::Error },
+    #[error("writing {path}")]
+    Winsize { path: PathBuf, source: crate::status::StatusError },
 }
 
 /// Whether `pid` is a running `berth-monitor` (not a zombie, not a process that reused the pid).
@@ -52,6 +54,19 @@ pub fn reopen_log(monitor_pid: i32) -> Result<(), ControlError> {
         return Err(ControlError::NotRunning { pid: monitor_pid });
     }
     kill(Pid::from_raw(monitor_pid), Signal::SIGUSR1)
+        .map_err(|source| ControlError::Signal { pid: monitor_pid, source })
+}
+
+/// Asks the monitor of `state_dir` to set its container's terminal to `cols`×`rows` (a
+/// container with a terminal; others ignore it).
+pub fn resize(state_dir: &Path, monitor_pid: i32, cols: u16, rows: u16) -> Result<(), ControlError> {
+    if !is_alive(monitor_pid) {
+        return Err(ControlError::NotRunning { pid: monitor_pid });
+    }
+    let path = state_dir.join(crate::console::WINSIZE_FILE);
+    crate::status::write_atomic(&path, format!("{cols} {rows}\n").as_bytes(), crate::status::Durability::Unsynced)
+        .map_err(|source| ControlError::Winsize { path, source })?;
+    kill(Pid::from_raw(monitor_pid), Signal::SIGWINCH)
         .map_err(|source| ControlError::Signal { pid: monitor_pid, source })
 }
 

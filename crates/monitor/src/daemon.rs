@@ -7,7 +7,7 @@
 //! the child subreaper (the container's init, left behind by `runc create`, is reparented to it)
 //! and writes its report to the stdout it inherited (the launcher's sync pipe), then points its
 //! stdio at /dev/null. One thread, one poll(2) loop over the two pipes, a signalfd (SIGCHLD to
-//! reap, SIGUSR1 to reopen the log) and, with `--attach-socket`, the attach socket, its clients
+//! reap, SIGUSR1 to reopen the log, SIGWINCH to resize the terminal) and, with `--attach-socket`, the attach socket, its clients
 //! and the container's stdin pipe ([`crate::attach`]).
 
 use std::fs::{self, File};
@@ -27,6 +27,7 @@ use nix::unistd::{Pid, pipe2, read};
 
 use crate::args::MonitorArgs;
 use crate::attach::server::{AttachServer, Polled};
+use crate::console::{ConsoleListener, apply_requested_size};
 use crate::cri_log::{DEFAULT_MAX_LINE, LineAssembler, LogError, LogFile, LogWriter, Sink, Stream};
 use crate::oom::OomCounter;
 use crate::report::Report;
@@ -39,6 +40,9 @@ const MAX_CREATE_OUTPUT: usize = 64 * 1024;
 /// Reads per pipe after the init exited: 4 MiB, more than a pipe buffers (1 MiB at most by
 /// default, `/proc/sys/fs/pipe-max-size`).
 const MAX_DRAIN_READS: usize = 256;
+/// How long the OCI runtime's terminal may take to arrive once create returned (it is sent
+/// during create, so it is normally there already).
+const CONSOLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long attach clients get to take their last output and the exit frame.
 const ATTACH_FINISH_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -63,6 +67,10 @@ pub enum DaemonError {
     NotAChild { pid: i32 },
     #[error("serving attach on {path}")]
     AttachSocket { path: PathBuf, source: io::Error },
+    #[error("listening for the terminal on {path}")]
+    ConsoleSocket { path: PathBuf, source: io::Error },
+    #[error("receiving the container's terminal (the container exists; delete it)")]
+    Terminal { source: io::Error },
     #[error("waiting for events")]
     Poll { source: Errno },
     #[error("recording the exit")]
@@ -151,6 +159,7 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.add(Signal::SIGUSR1);
+    mask.add(Signal::SIGWINCH);
     mask.thread_block().map_err(setup("signal mask"))?;
     let signals =
         SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).map_err(setup("signalfd"))?;
@@ -171,9 +180,15 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
     for fd in [&out_r, &err_r] {
         fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(setup("nonblocking pipe"))?;
     }
+    let console = match &args.console_socket {
+        Some(path) => Some(
+            ConsoleListener::bind(path).map_err(|source| DaemonError::ConsoleSocket { path: path.clone(), source })?,
+        ),
+        None => None,
+    };
     // The container's stdin: a pipe whose write end only the monitor holds (close-on-exec), so
-    // that the container sees EOF exactly when the monitor closes it.
-    let (stdin_r, mut stdin_w) = match args.stdin {
+    // that the container sees EOF exactly when the monitor closes it. With a terminal: its pty.
+    let (stdin_r, mut stdin_w) = match args.stdin && console.is_none() {
         true => {
             let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(setup("pipe"))?;
             fcntl(&w, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(setup("nonblocking pipe"))?;
@@ -210,6 +225,15 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
         return Ok(1);
     }
 
+    // The pty master arrived during create; its output is the container's stdout and stderr.
+    let master = match console {
+        Some(listener) => {
+            let master = listener.receive_master(CONSOLE_TIMEOUT).map_err(|source| DaemonError::Terminal { source })?;
+            fcntl(&master, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(setup("nonblocking terminal"))?;
+            Some(master)
+        }
+        None => None,
+    };
     let container = read_container_pid(args)?;
     let mut reaped = match waitpid(container, Some(WaitPidFlag::WNOHANG)) {
         Err(Errno::ECHILD) => return Err(DaemonError::NotAChild { pid: container.as_raw() }),
@@ -223,7 +247,17 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
     quiet_stdio();
     let _ = std::env::set_current_dir("/");
 
-    let mut pipes = [Some(Pipe::new(out_r, Stream::Stdout)), Some(Pipe::new(err_r, Stream::Stderr))];
+    let out = match &master {
+        Some(master) => {
+            if let (true, Some(attach)) = (args.stdin, outputs.attach.as_mut()) {
+                let input = master.try_clone().map_err(|e| DaemonError::Terminal { source: e })?;
+                attach.set_input(File::from(input));
+            }
+            master.try_clone().map_err(|e| DaemonError::Terminal { source: e })?
+        }
+        None => out_r,
+    };
+    let mut pipes = [Some(Pipe::new(out, Stream::Stdout)), Some(Pipe::new(err_r, Stream::Stderr))];
     let mut buf = vec![0u8; DEFAULT_MAX_LINE];
     crate::trim::drop_file_pages();
     while reaped.is_none() {
@@ -242,6 +276,11 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
                     Ok(Signal::SIGCHLD) => reaped = reaped.or(reap_children(container)),
                     Ok(Signal::SIGUSR1) => {
                         let _ = outputs.log.reopen();
+                    }
+                    Ok(Signal::SIGWINCH) => {
+                        if let Some(master) = &master {
+                            apply_requested_size(&args.state_dir, master);
+                        }
                     }
                     _ => {}
                 }

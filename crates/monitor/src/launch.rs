@@ -38,6 +38,9 @@ pub struct LaunchOptions {
     /// until the container exits. A short absolute path (`sun_path` holds 107 bytes), such as
     /// `/run/berth/attach/<id>.sock`; the parent dir is created.
     pub attach_socket: Option<PathBuf>,
+    /// For a container with a terminal: where the OCI runtime sends the pty master (the create
+    /// command must name the same path as its `--console-socket`). A short absolute path.
+    pub console_socket: Option<PathBuf>,
 }
 
 /// A running monitor and the container it watches.
@@ -76,6 +79,7 @@ pub fn launch(options: &LaunchOptions) -> Result<MonitorHandle, MonitorError> {
         stdin: options.stdin,
         stdin_once: options.stdin_once,
         attach_socket: options.attach_socket.clone(),
+        console_socket: options.console_socket.clone(),
         create_command: options.create_command.clone(),
         detached: false,
     };
@@ -121,6 +125,7 @@ mod tests {
             stdin: false,
             stdin_once: false,
             attach_socket: None,
+            console_socket: None,
         }
     }
 

@@ -21,10 +21,15 @@
 //! code, to the clients of a unix socket, and with `--stdin` writes their input to the container's
 //! stdin pipe; the protocol and the client helpers are in [`attach`].
 //!
-//! Not yet: `--terminal` (console socket), and a synchronous acknowledgement of [`reopen_log`].
+//! Terminal: with `--console-socket` the container's stdio is a pty whose master the OCI runtime
+//! sends the monitor ([`console`]); the master's output is the container's stdout, attach input
+//! goes to it, and [`resize`] sets its window size.
+//!
+//! Not yet: a synchronous acknowledgement of [`reopen_log`].
 
 pub mod args;
 pub mod attach;
+pub mod console;
 pub mod control;
 pub mod cri_log;
 pub mod daemon;
@@ -36,7 +41,7 @@ pub mod status;
 pub mod time;
 mod trim;
 
-pub use control::{ControlError, is_alive, read_monitor_pid, reopen_log};
+pub use control::{ControlError, is_alive, read_monitor_pid, reopen_log, resize};
 pub use launch::{LaunchOptions, MonitorError, MonitorHandle, launch};
 pub use status::{ContainerExit, StatusError, read_exit};
 

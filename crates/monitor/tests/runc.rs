@@ -79,6 +79,7 @@ impl Fixture {
             stdin: false,
             stdin_once: false,
             attach_socket: None,
+            console_socket: None,
         }
     }
 
@@ -532,4 +533,49 @@ fn an_idle_monitor_with_stdin_and_attach_reports_its_resident_memory() {
     got.read_until(&mut client, |_| false);
     assert_eq!(got.exit, Some(137));
     assert_monitor_exits(&handle);
+}
+
+#[test]
+fn a_container_with_a_terminal_writes_through_its_pty_reads_attach_input_and_is_resized() {
+    let f = Fixture::new("tty", &["sh", "-c", "tty; read go; stty size; echo got $go"]);
+    let config_path = f.dir.join("bundle/config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&fs::read(&config_path).unwrap()).unwrap();
+    config["process"]["terminal"] = json!(true);
+    // A terminal needs a devpts of the container's own (runc links /dev/ptmx to it).
+    let mounts = config["mounts"].as_array_mut().unwrap();
+    mounts.retain(|m| !m["destination"].as_str().unwrap_or("").starts_with("/dev"));
+    mounts.push(json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}));
+    mounts.push(json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]}));
+    fs::write(&config_path, serde_json::to_vec(&config).unwrap()).unwrap();
+    let console = f.dir.join("console.sock");
+    let mut options = f.attach_options();
+    options.console_socket = Some(console.clone());
+    let id = options.create_command.pop().unwrap();
+    options.create_command.extend(["--console-socket".into(), console.clone().into(), id]);
+    let handle = launch(&options).unwrap();
+    assert!(!console.exists(), "the console socket goes once the terminal arrived");
+    let mut client = f.connect();
+    f.start();
+
+    let mut got = Received::default();
+    got.read_until(&mut client, |r| contains(&r.stdout_bytes(), b"/dev/pts/"));
+    berth_monitor::resize(&f.state_dir(), handle.monitor_pid, 100, 30).unwrap();
+    // The monitor resizes on SIGWINCH; give it its loop turn before the container asks.
+    sleep(Duration::from_millis(300));
+    client.write_all(b"go\n").unwrap();
+    got.read_until(&mut client, |r| r.exit.is_some());
+    assert_eq!(got.exit, Some(0));
+    let output = String::from_utf8_lossy(&got.stdout_bytes()).into_owned();
+    // A terminal echoes the input and ends lines with CR LF.
+    assert!(output.contains("go\r\n30 100\r\ngot go\r\n"), "{output:?}");
+    assert!(got.stderr.is_empty(), "a terminal has no separate stderr");
+
+    let log = f.log();
+    let lines: Vec<&str> = log.iter().map(|l| l.content.as_str()).collect();
+    assert!(lines[0].starts_with("/dev/pts/"), "{lines:?}");
+    assert_eq!(&lines[1..], ["go", "30 100", "got go"]);
+    let raw = fs::read_to_string(f.log_path()).unwrap();
+    assert!(raw.contains(" stdout F 30 100\r\n"), "the terminal's CR stays in the log, as it was written: {raw:?}");
+    assert!(log.iter().all(|l| l.stream == "stdout" && l.tag == "F"), "{log:?}");
+    assert_eq!(f.wait_exit().exit_code, 0);
 }

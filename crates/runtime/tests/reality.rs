@@ -106,6 +106,7 @@ fn a_runc_container_is_seen_created_running_then_exited_137_after_sigkill() {
         stdin: false,
         stdin_once: false,
         attach_socket: None,
+        console_socket: None,
     })
     .expect("the monitor creates the container");
 

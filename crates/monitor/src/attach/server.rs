@@ -211,6 +211,12 @@ impl AttachServer {
         Ok(server)
     }
 
+    /// Sends client input to `stdin` from now on (a terminal's master, which exists only once
+    /// the container does).
+    pub(crate) fn set_input(&mut self, stdin: File) {
+        self.stdin.pipe = Some(stdin);
+    }
+
     /// Adds to `fds` what there is to wait for, and to `polled` what each entry is.
     pub(crate) fn register<'a>(&'a self, fds: &mut Vec<PollFd<'a>>, polled: &mut Vec<Polled>) {
         if let Some(listener) = &self.listener {

@@ -39,9 +39,6 @@ impl Cri {
         if image_name.is_empty() {
             return Err(Error::InvalidArgument("CreateContainer: config.image.image is required".into()));
         }
-        if config.tty {
-            return Err(Error::Unsupported("containers with a terminal (tty: true) are not supported yet".into()));
-        }
         let handler = sandbox.runtime_handler.clone();
         let (name, h) = (image_name.clone(), handler.clone());
         let default = self.config.default_handler.clone();
@@ -134,7 +131,13 @@ impl Cri {
         let runtime = self.oci_runtime(&record.handler)?;
         let dir = self.store.container_dir(&record.id);
         let pid_file = dir.join("init.pid");
-        let run = runtime.run_detached_args(&record.id, &CreateOptions::new(dir.join("bundle")).pid_file(&pid_file));
+        let mut create = CreateOptions::new(dir.join("bundle")).pid_file(&pid_file);
+        // A terminal: the OCI runtime hands its master to the monitor.
+        let console_socket = config.tty.then(|| console_socket(&record.id));
+        if let Some(socket) = &console_socket {
+            create = create.console_socket(socket);
+        }
+        let run = runtime.run_detached_args(&record.id, &create);
         let options = berth_monitor::LaunchOptions {
             monitor_binary: self.monitor_binary.clone(),
             id: record.id.clone(),
@@ -145,6 +148,7 @@ impl Cri {
             stdin: config.stdin,
             stdin_once: config.stdin_once,
             attach_socket: Some(attach_socket(&record.id)),
+            console_socket,
         };
         let id = record.id.clone();
         tokio::task::spawn_blocking(move || berth_monitor::launch(&options))
@@ -842,6 +846,11 @@ fn update_spec_resources<T: serde::Serialize>(config: &Path, resources: &T) -> s
 
 pub(crate) fn attach_socket(id: &str) -> PathBuf {
     Path::new(ATTACH_DIR).join(format!("{id}.sock"))
+}
+
+/// Where the OCI runtime sends the terminal of container `id` to its monitor (short: `sun_path`).
+fn console_socket(id: &str) -> PathBuf {
+    Path::new(ATTACH_DIR).join(format!("{id}.console"))
 }
 
 /// The directory of the monitors' attach sockets.

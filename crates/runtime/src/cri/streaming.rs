@@ -108,14 +108,32 @@ impl Backend for StreamBackend {
         result
     }
 
-    async fn attach(&self, container_id: &str, _tty: bool, streams: Streams) -> Result<(), BackendError> {
+    async fn attach(&self, container_id: &str, _tty: bool, mut streams: Streams) -> Result<(), BackendError> {
         let cri = self.cri()?;
         let record = lookup(&cri, container_id)?;
         let socket = super::container::attach_socket(&record.id);
         let conn = tokio::net::UnixStream::connect(&socket)
             .await
             .map_err(|e| failed(format!("attaching to container {} ({}): {e}", record.id, socket.display())))?;
-        attach_session(conn, streams).await
+        // The client's terminal size goes to the container's terminal, which its monitor holds.
+        let resizer = match (streams.resize.take(), record.monitor_pid) {
+            (Some(mut sizes), Some(monitor_pid)) => {
+                let state_dir = crate::reality::monitor_dir(cri.store.root(), &record.id);
+                Some(tokio::spawn(async move {
+                    while let Some(size) = sizes.recv().await {
+                        if let Err(e) = berth_monitor::resize(&state_dir, monitor_pid, size.width, size.height) {
+                            tracing::debug!(error = %e, "terminal not resized");
+                        }
+                    }
+                }))
+            }
+            _ => None,
+        };
+        let result = attach_session(conn, streams).await;
+        if let Some(task) = resizer {
+            task.abort();
+        }
+        result
     }
 
     async fn port_forward(&self, pod_sandbox_id: &str, port: u16) -> Result<Box<dyn AsyncStream>, BackendError> {
