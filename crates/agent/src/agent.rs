@@ -127,15 +127,14 @@ pub fn endpoints(config: &Config) -> Result<Vec<Endpoint>, AgentError> {
 pub async fn run(flags: Flags) -> Result<(), AgentError> {
     let config = Config::load(&flags)?;
     let ctx = start(flags, config).await?;
-    let (image_gc_high_threshold, image_gc_low_threshold) = ctx.image_gc_thresholds();
+    let thresholds = ctx.clone();
     let pods = crate::pods::run(crate::pods::Settings {
         client: ctx.client.clone(),
         node_name: ctx.node_name.clone(),
         runtimes: ctx.runtimes.clone(),
         root_dir: ctx.root_dir.clone(),
         pod_log_dir: PathBuf::from(POD_LOG_DIR),
-        image_gc_high_threshold,
-        image_gc_low_threshold,
+        image_gc_thresholds: Box::new(move || thresholds.image_gc_thresholds()),
     });
     let kubelet_api = crate::http::serve(crate::http::Settings {
         client: ctx.client.clone(),

@@ -53,8 +53,8 @@ pub struct Settings {
     pub root_dir: PathBuf,
     /// Container logs live under `<pod_log_dir>/<namespace>_<name>_<uid>/` (kubelet: /var/log/pods).
     pub pod_log_dir: PathBuf,
-    pub image_gc_high_threshold: u8,
-    pub image_gc_low_threshold: u8,
+    /// `(high, low)` image GC thresholds in percent as configured now (they follow config reloads).
+    pub image_gc_thresholds: Box<dyn Fn() -> (u8, u8) + Send + Sync>,
 }
 
 /// Why the pod workers stopped.
@@ -171,15 +171,7 @@ fn changed_for_worker(old: &core::Pod, new: &core::Pod) -> bool {
 
 /// Runs the pod workers until dropped.
 pub async fn run(settings: Settings) -> Result<(), Error> {
-    let Settings {
-        client,
-        node_name,
-        runtimes,
-        root_dir,
-        pod_log_dir,
-        image_gc_high_threshold,
-        image_gc_low_threshold,
-    } = settings;
+    let Settings { client, node_name, runtimes, root_dir, pod_log_dir, image_gc_thresholds } = settings;
     let mut tasks = Tasks::default();
 
     let (runtime_classes, writer) = reflector::store::<RuntimeClass>();
@@ -213,7 +205,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
     });
     tasks.spawn(refresh_host_ips(ctx.clone()));
     tasks.spawn(listen_for_container_events(ctx.clone()));
-    tasks.spawn(gc::collect_images(ctx.clone(), move || (image_gc_high_threshold, image_gc_low_threshold)));
+    tasks.spawn(gc::collect_images(ctx.clone(), image_gc_thresholds));
 
     wait_for_runtime_status(&runtimes).await;
     // A handler resolved against an empty cache would fail pods whose class exists.

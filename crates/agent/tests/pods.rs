@@ -130,8 +130,7 @@ impl Cluster {
             runtimes,
             root_dir: root.join("root"),
             pod_log_dir: root.join("logs"),
-            image_gc_high_threshold: 85,
-            image_gc_low_threshold: 80,
+            image_gc_thresholds: Box::new(|| (85, 80)),
         };
         let workers = tokio::spawn(async move {
             if let Err(e) = pods::run(settings).await {

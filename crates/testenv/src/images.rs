@@ -586,6 +586,23 @@ nogroup:x:65534:
 /// of `busybox --list-full` hard-linked to it, `/etc/passwd`, `/etc/group`, `/etc/shadow`,
 /// `/tmp` 1777, `/root` 0700. Panics with a clear message if busybox is missing or dynamic.
 pub fn busybox_entries() -> LayerBuilder {
+    busybox_rootfs(AppletLink::Hard)
+}
+
+/// [`busybox_entries`] with every applet a symlink to `/bin/busybox` instead of a hard link.
+/// Runs under containerd too: containerd applies a hard link's tar mode (0644 here) to the
+/// shared inode, which leaves `/bin/busybox` not executable.
+pub fn busybox_symlinked_entries() -> LayerBuilder {
+    busybox_rootfs(AppletLink::Symbolic)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AppletLink {
+    Hard,
+    Symbolic,
+}
+
+fn busybox_rootfs(link: AppletLink) -> LayerBuilder {
     let bin = std::fs::read(BUSYBOX_BIN).unwrap_or_else(|e| {
         panic!("berth-testenv needs Debian's static busybox at {BUSYBOX_BIN} (apt-get install busybox-static): {e}")
     });
@@ -642,7 +659,10 @@ pub fn busybox_entries() -> LayerBuilder {
     }
     b = b.file("bin/busybox", bin, 0o755);
     for a in &applets {
-        b = b.hardlink(a, "bin/busybox");
+        b = match link {
+            AppletLink::Hard => b.hardlink(a, "bin/busybox"),
+            AppletLink::Symbolic => b.symlink(a, "/bin/busybox"),
+        };
     }
     let shadow: String =
         PASSWD.lines().map(|l| format!("{}:*:19000:0:99999:7:::\n", l.split(':').next().unwrap_or_default())).collect();
@@ -678,6 +698,14 @@ pub fn busybox_layer(compression: Compression) -> Layer {
 /// A single-layer busybox image for the host platform, `Cmd ["sh"]`, gzip.
 pub fn busybox_image(format: Format) -> Image {
     Image::build(format, Platform::host(), ContainerConfig::cmd(&["sh"]), vec![busybox_layer(Compression::Gzip)])
+}
+
+/// [`busybox_image`] with symlinked applets ([`busybox_symlinked_entries`]): one image that runs
+/// under berth's runtime and containerd alike.
+pub fn busybox_symlinked_image(format: Format) -> Image {
+    static CACHE: std::sync::OnceLock<Layer> = std::sync::OnceLock::new();
+    let layer = CACHE.get_or_init(|| busybox_symlinked_entries().build(Compression::Gzip)).clone();
+    Image::build(format, Platform::host(), ContainerConfig::cmd(&["sh"]), vec![layer])
 }
 
 /// The source of the pause binary, compiled by [`pause_binary`].
@@ -810,6 +838,17 @@ mod tests {
         assert!(n.iter().any(|x| x.0 == "tmp/"));
         assert!(n.iter().any(|x| x.0 == "etc/passwd"));
         assert!(n.len() > 100);
+    }
+
+    #[test]
+    fn the_symlinked_busybox_links_every_applet_to_the_binary_by_absolute_path() {
+        let tar = busybox_symlinked_entries().tar();
+        let n = names(&tar);
+        let sh = n.iter().find(|x| x.0 == "bin/sh").expect("bin/sh");
+        assert_eq!(sh.1, tar::EntryType::Symlink);
+        assert_eq!(sh.2.as_deref(), Some("/bin/busybox"));
+        assert!(!n.iter().any(|x| x.1 == tar::EntryType::Link), "no hard links left");
+        assert_eq!(n.len(), names(&busybox_entries().tar()).len(), "the same entries otherwise");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Test environment for berth's own tests and benchmarks: a real registry (Debian's
 //! `docker-registry`) on loopback with images generated here, optionally behind basic auth or a
-//! token server of our own, optionally over TLS; plus etcd. Never used at run time.
+//! token server of our own, optionally over TLS; plus etcd and containerd. Never used at run time.
 //!
 //! # Registry
 //!
@@ -41,7 +41,8 @@
 //! [`images`] builds layers from [`images::LayerBuilder`] entries (files with mode/uid/gid, dirs,
 //! symlinks, hardlinks, whiteouts, opaque dirs), compresses them (gzip, zstd, none), and builds
 //! configs, manifests and indexes in OCI or Docker schema 2 media types, all deterministic.
-//! [`images::busybox_layer`] is a runnable rootfs from Debian's static busybox.
+//! [`images::busybox_layer`] is a runnable rootfs from Debian's static busybox (applets hard-linked);
+//! [`images::busybox_symlinked_image`] is the same with symlinked applets, which containerd runs too.
 //!
 //! # Throttling
 //!
@@ -53,10 +54,36 @@
 //!
 //! `Etcd::start()` → `endpoint()` (`http://127.0.0.1:PORT`), killed and deleted on drop.
 //!
-//! Needs the Debian packages `docker-registry`, `apache2-utils` (basic auth), `busybox-static`
-//! and `etcd-server` (all in `scripts/install-deps.sh`); a missing one fails the test loudly.
+//! # containerd
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use berth_testenv::{Containerd, Registry};
+//! let reg = Registry::start();
+//! reg.push_pause().await;                            // the sandbox image, registry.k8s.io/pause:3.9
+//! let ctd = Containerd::builder().registry(reg.host()).handler("ctd-runc", "runc").start();
+//! let endpoint = ctd.endpoint();                     // "unix:///tmp/berth-testenv-containerd.…/containerd.sock"
+//! let subnet = &ctd.network().subnet;                // its pods' addresses, e.g. "10.213.7.0/24"
+//! # let _ = (endpoint, subnet); }
+//! ```
+//!
+//! Debian's containerd 1.6 with the CRI plugin, in a temp dir of its own (config, root, state,
+//! socket, CNI conf and IPAM state), handlers `runc` (default), `crun`, `gvisor` (runsc behind a
+//! wrapper, see `assets/runsc-cri.sh`) plus any added with `handler(name, binary)`, the cgroupfs
+//! driver and `restrict_oom_score_adj` (root lacks CAP_SYS_RESOURCE on the project's VMs). Its pods
+//! get a bridge of their own ([`cni::BridgeNetwork::unique`]; [`cni`] lists who uses which
+//! range). `log()`/`log_tail(n)`, `pid()`, `handlers()`, `stop()`. On drop, or when the test
+//! process dies, its watchdog stops containerd, kills the containers and shims it left, unmounts
+//! what is mounted under its dir and deletes the bridge. Pods should still be removed through
+//! CRI first: that is the runtime's own, complete teardown.
+//!
+//! Needs the Debian packages `docker-registry`, `apache2-utils` (basic auth), `busybox-static`,
+//! `etcd-server`, `containerd`, `runc` and `containernetworking-plugins` (all in
+//! `scripts/install-deps.sh`); a missing one fails the test loudly.
 
 pub mod bundle;
+pub mod cni;
+pub mod containerd;
 pub mod daemon;
 pub mod etcd;
 pub mod images;
@@ -67,6 +94,7 @@ pub mod standard;
 pub mod tls;
 pub mod token;
 
+pub use containerd::{Containerd, ContainerdBuilder};
 pub use etcd::Etcd;
 pub use proxy::ThrottledProxy;
 pub use registry::{PushedImage, PushedIndex, Registry, RegistryAuth, RegistryBuilder};
@@ -98,6 +126,7 @@ mod tests {
     fn handles_are_send_and_sync() {
         shareable::<crate::Registry>();
         shareable::<crate::Etcd>();
+        shareable::<crate::Containerd>();
         shareable::<crate::StandardSet>();
     }
 }

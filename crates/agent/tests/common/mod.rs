@@ -13,6 +13,10 @@
 //! # }
 //! ```
 //!
+//! containerd is `berth_testenv::Containerd`; [`containerd_endpoint_toml`] adds it to an agent
+//! config, [`node_kubeconfig`] makes a node's own kubeconfig, and [`cri_client`] asks any
+//! runtime directly what it holds.
+//!
 //! The `berth` and `berth-monitor` binaries are built (incrementally) into this test's target
 //! directory on first use, or taken from `$BERTH_BIN`.
 #![allow(dead_code)]
@@ -24,6 +28,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_openapi::api::core::v1::Node;
 
 /// How long [`eventually`] waits by default: a debug build on a busy 2-core machine.
@@ -474,6 +479,34 @@ pub fn agent_toml(endpoints: &[(&str, &Runtime)], partial_readiness: bool) -> St
         ));
     }
     toml
+}
+
+/// An `[[endpoints]]` entry for `containerd` named `name`, listing every handler it serves
+/// (containerd 1.6's CRI Status reports none).
+pub fn containerd_endpoint_toml(name: &str, containerd: &berth_testenv::Containerd) -> String {
+    format!(
+        "[[endpoints]]\nworkload_type = \"container\"\nname = {name:?}\nendpoint = {:?}\nhandlers = {:?}\n",
+        containerd.endpoint(),
+        containerd.handlers()
+    )
+}
+
+/// `berth server token create --node NODE`: a kubeconfig for `system:node:NODE`, written to `dir`.
+pub fn node_kubeconfig(server: &Server, node: &str, dir: &Path) -> PathBuf {
+    let out = Command::new(berth_binary())
+        .args(["server", "token", "create", "--node", node, "--data-dir"])
+        .arg(server.data_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+    let path = dir.join(format!("{node}.kubeconfig"));
+    std::fs::write(&path, out.stdout).unwrap();
+    path
+}
+
+/// A CRI runtime client for `endpoint` (`unix:///…`), e.g. to list what a runtime holds.
+pub fn cri_client(endpoint: &str) -> RuntimeServiceClient<tonic::transport::Channel> {
+    berth_agent::endpoint::Endpoint::connect_lazy("container", "test", endpoint, "").unwrap().runtime
 }
 
 /// `berth agent` with a config file (`agent.toml` in its temp dir, rewritten by

@@ -1,5 +1,5 @@
-//! The two CRI runtimes under test as child processes of the bench: the release `berth runtime`
-//! and containerd 1.6, each with a config, state, socket and network of this run only.
+//! The release `berth runtime` under test as a child process of the bench, with a config, state,
+//! socket and network of this run only. containerd, the other runtime, is `berth_testenv::Containerd`.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -8,11 +8,6 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use anyhow::{Context as _, ensure};
 
 use super::net::{self, Network};
-
-const CONTAINERD_TEMPLATE: &str = include_str!("../../assets/containerd-config.toml.in");
-const RUNSC_WRAPPER: &str = include_str!("../../assets/runsc-cri.sh");
-/// The sandbox image containerd runs for every pod (berth runs its own infra process instead).
-pub const SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.9";
 
 pub const BERTH_NETWORK: Network = Network { name: "berth-bench", bridge: "benchberth0", subnet: "10.196.0.0/24" };
 pub const CONTAINERD_NETWORK: Network =
@@ -111,47 +106,6 @@ insecure = true
     Ok((daemon, socket))
 }
 
-/// The config template with this run's paths filled in.
-pub fn render_containerd_config(dir: &Path) -> String {
-    CONTAINERD_TEMPLATE
-        .replace("{{DIR}}", &dir.to_string_lossy())
-        .replace("{{CNI_BIN}}", net::CNI_BIN_DIR)
-        .replace("{{SANDBOX_IMAGE}}", SANDBOX_IMAGE)
-}
-
-/// `certs.d/<host>/hosts.toml`: pull and resolve `host`'s images from `endpoint`.
-fn write_hosts_toml(dir: &Path, host: &str, server: &str, endpoint: &str) -> anyhow::Result<()> {
-    let path = dir.join("certs.d").join(host);
-    std::fs::create_dir_all(&path)?;
-    // containerd 1.6 ignores a hosts.toml without a [host] table.
-    let text = format!(
-        "server = \"{server}\"\n\n[host.\"{endpoint}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n"
-    );
-    std::fs::write(path.join("hosts.toml"), text)?;
-    Ok(())
-}
-
-/// containerd with the CRI plugin, handlers runc, crun and gvisor, the loopback registry as a
-/// plain-HTTP host and as the source of `registry.k8s.io` (for the sandbox image).
-pub fn start_containerd(binary: &Path, dir: &Path, registry_host: &str) -> anyhow::Result<(Daemon, PathBuf)> {
-    ensure!(binary.exists(), "no containerd at {} (Debian: apt-get install containerd)", binary.display());
-    for sub in ["root", "state", "opt", "oci", "bin"] {
-        std::fs::create_dir_all(dir.join(sub))?;
-    }
-    let wrapper = dir.join("bin/runsc-cri");
-    std::fs::write(&wrapper, RUNSC_WRAPPER)?;
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    let local = format!("http://{registry_host}");
-    write_hosts_toml(dir, registry_host, &local, &local)?;
-    write_hosts_toml(dir, "registry.k8s.io", "https://registry.k8s.io", &local)?;
-    net::write_conflist(&dir.join("net.d"), &net::conflist(&CONTAINERD_NETWORK, &dir.join("ipam")))?;
-    let config = dir.join("containerd.toml");
-    std::fs::write(&config, render_containerd_config(dir))?;
-    let args = vec!["--config".to_owned(), config.to_string_lossy().into_owned()];
-    let daemon = Daemon::spawn(binary, &args, &dir.join("containerd.log"))?;
-    Ok((daemon, dir.join("containerd.sock")))
-}
-
 /// Lazily unmounts whatever is still mounted under `dir` (deepest first), so that deleting the
 /// run's temp dir never descends into a rootfs or a netns left by a failed run.
 pub fn unmount_under(dir: &Path) {
@@ -161,20 +115,5 @@ pub fn unmount_under(dir: &Path) {
     points.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for point in points {
         let _ = net::run("umount", &["-l", point]);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn containerd_config_names_only_the_runs_own_paths() {
-        let text = render_containerd_config(Path::new("/tmp/run-x"));
-        assert!(!text.contains("{{"), "every placeholder is filled");
-        assert!(text.contains(r#"address = "/tmp/run-x/containerd.sock""#));
-        assert!(text.contains(r#"BinaryName = "/tmp/run-x/bin/runsc-cri""#));
-        assert!(text.contains("restrict_oom_score_adj = true"));
-        assert!(text.contains(r#"sandbox_image = "registry.k8s.io/pause:3.9""#));
     }
 }

@@ -12,18 +12,19 @@
 //! Figures are printed (and written as JSON with `--json`), never asserted. Everything started is
 //! stopped and removed again, also when a step fails.
 
-mod client;
-mod daemons;
-mod floor;
-mod net;
+pub mod client;
+pub mod daemons;
+pub mod floor;
+pub mod net;
 mod report;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use berth_testenv::Registry;
-use berth_testenv::images::{Compression, ContainerConfig, Format, Image, LayerBuilder, Platform, pause_image};
+use berth_testenv::containerd::SANDBOX_IMAGE;
+use berth_testenv::images::{Format, busybox_symlinked_image};
+use berth_testenv::{Containerd, Registry};
 
 use self::client::{CriClient, PodSpec, Sample};
 use self::daemons::Daemon;
@@ -63,41 +64,51 @@ impl CriArgs {
 }
 
 /// `berth` next to this binary, else in the release dir beside this profile's.
-fn default_berth_binary() -> anyhow::Result<PathBuf> {
+pub fn default_berth_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("the bench binary's directory")?;
     let candidates = [dir.join("berth"), dir.join("../release/berth")];
     Ok(candidates.iter().find(|p| p.exists()).unwrap_or(&candidates[0]).clone())
 }
 
-/// A busybox image whose `sh`, `true` and `sleep` are symlinks. Not testenv's `busybox_image`:
-/// its applets are hard links whose tar headers say mode 0644, and containerd applies that mode to
-/// the shared inode, leaving `/bin/busybox` not executable there (berth ignores it).
-fn busybox_image() -> anyhow::Result<Image> {
-    let busybox = std::fs::read("/bin/busybox").context("reading /bin/busybox (Debian: busybox-static)")?;
-    let mut layer = LayerBuilder::new();
-    for (dir, mode) in
-        [("bin", 0o755), ("dev", 0o755), ("etc", 0o755), ("proc", 0o755), ("sys", 0o755), ("tmp", 0o1777)]
-    {
-        layer = layer.dir(dir, mode);
+/// A runtime's process: berth's own under the bench's watchdog, or testenv's containerd.
+enum Process {
+    Berth(Daemon),
+    Containerd(Containerd),
+}
+
+impl Process {
+    fn pid(&self) -> u32 {
+        match self {
+            Process::Berth(d) => d.pid,
+            Process::Containerd(c) => c.pid(),
+        }
     }
-    layer = layer.file("bin/busybox", busybox, 0o755);
-    for applet in ["sh", "true", "sleep"] {
-        layer = layer.symlink(&format!("bin/{applet}"), "busybox");
+
+    fn log_tail(&self) -> String {
+        match self {
+            Process::Berth(d) => d.log_tail(),
+            Process::Containerd(c) => c.log_tail(20),
+        }
     }
-    let layers = vec![layer.build(Compression::Gzip)];
-    Ok(Image::build(Format::Oci, Platform::host(), ContainerConfig::cmd(&["sh"]), layers))
+
+    fn stop(&mut self) {
+        match self {
+            Process::Berth(d) => d.stop(),
+            Process::Containerd(c) => c.stop(),
+        }
+    }
 }
 
 /// One runtime under test: its process and a client.
 struct Runtime {
-    daemon: Daemon,
+    daemon: Process,
     client: CriClient,
     version: String,
 }
 
 impl Runtime {
-    async fn connect(daemon: Daemon, socket: &Path, what: &str) -> anyhow::Result<Self> {
+    async fn connect(daemon: Process, socket: &Path, what: &str) -> anyhow::Result<Self> {
         let mut client = match CriClient::wait_ready(socket, Duration::from_secs(30)).await {
             Ok(c) => c,
             Err(e) => bail!("{what} did not become ready: {e:#}\n{}", daemon.log_tail()),
@@ -169,9 +180,10 @@ async fn measure(args: &CriArgs, berth_binary: &Path, session: &mut Session) -> 
     let root = session.dir.path().to_owned();
     eprintln!("starting docker-registry on loopback, pushing busybox and pause:3.9");
     let registry = Registry::start();
-    registry.push_image("busybox", "latest", &busybox_image()?).await;
-    let pause = tokio::task::spawn_blocking(|| pause_image(Format::Oci)).await?;
-    registry.push_image("pause", "3.9", &pause).await;
+    // Symlinked applets: containerd leaves testenv's hard-linked busybox not executable.
+    let busybox = tokio::task::spawn_blocking(|| busybox_symlinked_image(Format::Oci)).await?;
+    registry.push_image("busybox", "latest", &busybox).await;
+    registry.push_pause().await;
     let image = registry.reference("busybox:latest");
     // The floor first: its helpers panic on a broken host, before any runtime holds pods.
     let floor_dir = root.join("floor");
@@ -183,15 +195,24 @@ async fn measure(args: &CriArgs, berth_binary: &Path, session: &mut Session) -> 
     let berth_dir = root.join("berth");
     std::fs::create_dir_all(&berth_dir)?;
     let (daemon, socket) = daemons::start_berth(berth_binary, &berth_dir, registry.host())?;
-    let berth = session.berth.insert(Runtime::connect(daemon, &socket, "berth runtime").await?);
+    let berth = session.berth.insert(Runtime::connect(Process::Berth(daemon), &socket, "berth runtime").await?);
 
     eprintln!("starting containerd ({})", args.containerd.display());
-    let ctd_dir = root.join("containerd");
-    std::fs::create_dir_all(&ctd_dir)?;
-    let (daemon, socket) = daemons::start_containerd(&args.containerd, &ctd_dir, registry.host())?;
-    let containerd = session.containerd.insert(Runtime::connect(daemon, &socket, "containerd").await?);
+    let (binary, host) = (args.containerd.clone(), registry.host().to_owned());
+    let ctd = tokio::task::spawn_blocking(move || {
+        Containerd::builder()
+            .binary(binary)
+            .registry(&host)
+            .network(daemons::CONTAINERD_NETWORK.bridge_network())
+            .start()
+    })
+    .await
+    .context("starting containerd")?;
+    let socket = ctd.socket();
+    let containerd =
+        session.containerd.insert(Runtime::connect(Process::Containerd(ctd), &socket, "containerd").await?);
 
-    containerd.client.pull(daemons::SANDBOX_IMAGE, "").await?;
+    containerd.client.pull(SANDBOX_IMAGE, "").await?;
     containerd.client.pull(&image, "").await?;
     for handler in &args.handlers {
         berth.client.pull(&image, handler).await?;
@@ -251,8 +272,8 @@ async fn measure_memory(berth: &mut Runtime, containerd: &mut Runtime, image: &s
     // Idle: no RPC for a few seconds. Both settle (exit watchers, GC of the last pod, berth's
     // heap trim a second after the last RPC) before the figures are read.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    memory.berth_idle_kib = warn(client::rss_kib(berth.daemon.pid), "berth runtime RSS");
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", berth.daemon.pid)) {
+    memory.berth_idle_kib = warn(client::rss_kib(berth.daemon.pid()), "berth runtime RSS");
+    if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", berth.daemon.pid())) {
         // File-backed pages are the binary's text, shared by every berth process.
         let parts: Vec<String> = status
             .lines()
@@ -261,7 +282,7 @@ async fn measure_memory(berth: &mut Runtime, containerd: &mut Runtime, image: &s
             .collect();
         eprintln!("berth runtime idle: {}", parts.join(", "));
     }
-    memory.containerd_idle_kib = warn(client::rss_kib(containerd.daemon.pid), "containerd RSS");
+    memory.containerd_idle_kib = warn(client::rss_kib(containerd.daemon.pid()), "containerd RSS");
 
     let berth_one = async {
         let logs = client::log_dir(root, "berth", "memory")?;
@@ -296,8 +317,8 @@ async fn measure_memory(berth: &mut Runtime, containerd: &mut Runtime, image: &s
         }
         Err(e) => eprintln!("containerd shim RSS: {e:#}"),
     }
-    memory.berth_busy_kib = warn(client::rss_kib(berth.daemon.pid), "berth runtime RSS");
-    memory.containerd_busy_kib = warn(client::rss_kib(containerd.daemon.pid), "containerd RSS");
+    memory.berth_busy_kib = warn(client::rss_kib(berth.daemon.pid()), "berth runtime RSS");
+    memory.containerd_busy_kib = warn(client::rss_kib(containerd.daemon.pid()), "containerd RSS");
     for (what, runtime) in [("berth", &mut *berth), ("containerd", &mut *containerd)] {
         if let Err(e) = runtime.client.remove_all().await {
             eprintln!("removing the memory pod from {what}: {e:#}");

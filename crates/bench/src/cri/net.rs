@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail, ensure};
+use berth_testenv::cni::BridgeNetwork;
 use serde_json::{Value, json};
 
-pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
+pub use berth_testenv::cni::CNI_BIN_DIR;
 const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
 /// One bridge network: each runtime gets its own, so their pods never share addresses.
@@ -19,25 +20,15 @@ pub struct Network {
     pub subnet: &'static str,
 }
 
-/// Bridge (gateway, no masquerade, hairpin) with host-local IPAM, then portmap. No loopback
-/// plugin: berth and containerd both bring `lo` up as a network of their own.
+impl Network {
+    pub fn bridge_network(&self) -> BridgeNetwork {
+        BridgeNetwork::new(self.name, self.bridge, self.subnet)
+    }
+}
+
+/// testenv's bridge network (bridge, host-local IPAM in `ipam_dir`, portmap), as containerd gets it.
 pub fn conflist(net: &Network, ipam_dir: &Path) -> Value {
-    json!({
-        "cniVersion": "1.0.0",
-        "name": net.name,
-        "plugins": [
-            {
-                "type": "bridge", "bridge": net.bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{ "subnet": net.subnet }]],
-                    "routes": [{ "dst": "0.0.0.0/0" }],
-                    "dataDir": ipam_dir,
-                }
-            },
-            { "type": "portmap", "capabilities": { "portMappings": true } }
-        ]
-    })
+    net.bridge_network().conflist(ipam_dir)
 }
 
 /// The plugin types a floor sample runs, IPAM included: `bridge, host-local, portmap, loopback`.

@@ -1,6 +1,6 @@
 #!/bin/bash
 # runsc as the BinaryName of containerd's io.containerd.runc.v2 shim, for the `gvisor` handler of
-# the containerd that `berth-bench cri` starts (Debian ships no containerd-shim-runsc-v1).
+# the containerd that berth_testenv::Containerd starts (Debian ships no containerd-shim-runsc-v1).
 #
 # - create: runsc turns a container carrying the CRI annotations container-type=container and
 #   sandbox-id into a sub-container of the pause container's gVisor sandbox, a process the runc
