@@ -635,7 +635,7 @@ async fn a_container_with_a_terminal_runs_on_a_pty_under_runc_and_gvisor() {
         let image = rt.pull(handler).await;
         let (sandbox, pod) = run_pod(&mut c, &rt, &format!("tty-{handler}"), handler).await;
         // (gVisor's terminal is a host file inside the sandbox: `tty` cannot name it, isatty works.)
-        let mut config = container_config("term", &image, "[ -t 0 ] && [ -t 1 ] && echo on a terminal; exit 7");
+        let mut config = container_config("term", &image, "[ -t 0 ] && [ -t 1 ] && echo on a terminal $TERM; exit 7");
         config.tty = true;
         config.stdin = true;
         config.log_path = format!("term-{handler}.log");
@@ -645,7 +645,7 @@ async fn a_container_with_a_terminal_runs_on_a_pty_under_runc_and_gvisor() {
         assert_eq!(exited.exit_code, 7, "{handler}");
         let log = std::fs::read_to_string(rt.logs().join(format!("term-{handler}.log"))).unwrap();
         let contents: Vec<&str> = log.lines().filter_map(|l| l.splitn(4, ' ').nth(3)).collect();
-        assert_eq!(contents, ["on a terminal"], "{handler}: {log}");
+        assert_eq!(contents, ["on a terminal xterm"], "{handler}: {log}");
         assert!(log.lines().all(|l| l.contains(" stdout F ")), "{handler}: one stream: {log}");
         c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox }).await.unwrap();
     }

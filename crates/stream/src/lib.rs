@@ -2,10 +2,12 @@
 //!
 //! The CRI runtime calls [`StreamServer::get_exec`] (and friends) from its gRPC handlers to mint a
 //! single-use URL; the client (crictl, kubelet, critest) then connects to that URL and the server
-//! runs the session against the runtime through the [`Backend`] trait.
+//! runs the session against the runtime through the [`Backend`] trait. [`client`] is the other
+//! end, as crictl speaks it: what `berth cri exec`, `attach` and `port-forward` connect with.
 
 mod backend;
 mod cache;
+pub mod client;
 mod mux;
 mod portforward;
 mod remotecommand;

@@ -22,8 +22,8 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// A runtime stand-in whose behaviour is picked by the command's first word.
 #[derive(Default)]
-struct FakeBackend {
-    calls: Mutex<Vec<String>>,
+pub(crate) struct FakeBackend {
+    pub(crate) calls: Mutex<Vec<String>>,
 }
 
 #[async_trait::async_trait]
@@ -80,13 +80,13 @@ impl Backend for FakeBackend {
     }
 }
 
-async fn server() -> (StreamServer, Arc<FakeBackend>) {
+pub(crate) async fn server() -> (StreamServer, Arc<FakeBackend>) {
     let backend = Arc::new(FakeBackend::default());
     let server = StreamServer::start("127.0.0.1:0".parse().unwrap(), backend.clone()).await.unwrap();
     (server, backend)
 }
 
-fn exec_req(cmd: &[&str], stdin: bool, stdout: bool, stderr: bool, tty: bool) -> cri::ExecRequest {
+pub(crate) fn exec_req(cmd: &[&str], stdin: bool, stdout: bool, stderr: bool, tty: bool) -> cri::ExecRequest {
     cri::ExecRequest {
         container_id: "c1".into(),
         cmd: cmd.iter().map(|s| s.to_string()).collect(),
@@ -336,7 +336,7 @@ async fn the_server_answers_pings_and_replies_to_each_stream() {
 }
 
 /// A loopback TCP server that echoes each connection back until EOF.
-async fn echo_server() -> u16 {
+pub(crate) async fn echo_server() -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {

@@ -27,28 +27,28 @@ pub const EXEC_PROTOCOLS: &[&str] =
 pub const PORT_FORWARD_PROTOCOLS: &[&str] = &["v4.channel.k8s.io", "portforward.k8s.io", "v4.base64.channel.k8s.io"];
 
 /// In v5, a message on this channel closes the channel named by its second byte.
-const CLOSE_CHANNEL: u8 = 255;
-const STDIN: u8 = 0;
-const STDOUT: u32 = 1;
-const STDERR: u32 = 2;
-const ERROR: u32 = 3;
-const RESIZE: u8 = 4;
+pub(crate) const CLOSE_CHANNEL: u8 = 255;
+pub(crate) const STDIN: u8 = 0;
+pub(crate) const STDOUT: u32 = 1;
+pub(crate) const STDERR: u32 = 2;
+pub(crate) const ERROR: u32 = 3;
+pub(crate) const RESIZE: u8 = 4;
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Message framing chosen by the sub-protocol.
 #[derive(Debug, Clone, Copy)]
-struct Framing {
+pub(crate) struct Framing {
     base64: bool,
-    close_signal: bool,
+    pub(crate) close_signal: bool,
 }
 
 impl Framing {
-    fn for_protocol(name: &str) -> Framing {
+    pub(crate) fn for_protocol(name: &str) -> Framing {
         Framing { base64: name.contains("base64"), close_signal: name == "v5.channel.k8s.io" }
     }
 }
 
-enum WsCmd {
+pub(crate) enum WsCmd {
     Frame(OutFrame),
     Close,
 }
@@ -59,9 +59,9 @@ impl From<OutFrame> for WsCmd {
     }
 }
 
-/// A running WebSocket with its channels demultiplexed.
-struct WsMux {
-    tx: mpsc::Sender<WsCmd>,
+/// A running WebSocket with its channels demultiplexed (either end: the client uses it too).
+pub(crate) struct WsMux {
+    pub(crate) tx: mpsc::Sender<WsCmd>,
     closed: watch::Receiver<bool>,
     reader: tokio::task::JoinHandle<()>,
     writer: tokio::task::JoinHandle<()>,
@@ -69,11 +69,16 @@ struct WsMux {
 
 impl WsMux {
     /// Starts the reader and writer; `inputs` maps channel numbers to where their data goes.
-    async fn start<IO>(io: IO, framing: Framing, inputs: HashMap<u8, mpsc::Sender<Bytes>>) -> WsMux
+    pub(crate) async fn start<IO>(
+        io: IO,
+        role: Role,
+        framing: Framing,
+        inputs: HashMap<u8, mpsc::Sender<Bytes>>,
+    ) -> WsMux
     where
         IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+        let ws = WebSocketStream::from_raw_socket(io, role, None).await;
         let (mut sink, mut stream) = ws.split();
         let (tx, mut rx) = mpsc::channel::<WsCmd>(64);
         let (closed_tx, closed) = watch::channel(false);
@@ -117,13 +122,13 @@ impl WsMux {
         WsMux { tx, closed, reader, writer }
     }
 
-    async fn closed(&self) {
+    pub(crate) async fn closed(&self) {
         let mut closed = self.closed.clone();
         let _ = closed.wait_for(|c| *c).await;
     }
 
-    /// Sends a close frame, waits briefly for the client's reply, then tears down.
-    async fn shutdown(self, grace: Duration) {
+    /// Sends a close frame, waits briefly for the peer's reply, then tears down.
+    pub(crate) async fn shutdown(self, grace: Duration) {
         let _ = self.tx.send(WsCmd::Close).await;
         let _ = tokio::time::timeout(grace, self.closed()).await;
         self.reader.abort();
@@ -172,7 +177,7 @@ where
     };
     let stdin = opts.stdin.then(|| input(STDIN));
     let resize = (opts.tty && protocol >= Protocol::V4).then(|| input(RESIZE));
-    let ws = WsMux::start(io, framing, inputs).await;
+    let ws = WsMux::start(io, Role::Server, framing, inputs).await;
 
     let (streams, pumps) = remotecommand::backend_streams(
         &ws.tx,
@@ -208,7 +213,7 @@ pub async fn serve_port_forward<IO>(
         inputs.insert((2 * i) as u8, tx);
         readers.push(ChannelReader::new(rx));
     }
-    let ws = WsMux::start(io, framing, inputs).await;
+    let ws = WsMux::start(io, Role::Server, framing, inputs).await;
     let mut tasks = Vec::new();
     for (i, (port, reader)) in ports.into_iter().zip(readers).enumerate() {
         let data = ChannelWriter::new(ws.tx.clone(), (2 * i) as u32);

@@ -278,7 +278,13 @@ impl Cri {
             },
             command: config.command.clone(),
             args: config.args.clone(),
-            env: config.envs.iter().map(|e| (e.key.clone(), e.value.clone())).collect(),
+            // As containerd: a terminal says what it is, unless the container says otherwise.
+            env: config
+                .tty
+                .then(|| ("TERM".to_string(), "xterm".to_string()))
+                .into_iter()
+                .chain(config.envs.iter().map(|e| (e.key.clone(), e.value.clone())))
+                .collect(),
             working_dir: (!config.working_dir.is_empty()).then(|| config.working_dir.clone()),
             tty: config.tty,
             hostname: (!pod.hostname.is_empty()).then(|| pod.hostname.clone()),
@@ -794,6 +800,13 @@ impl Cri {
         let mut process = spec["process"].clone();
         process["args"] = json!(cmd);
         process["terminal"] = json!(tty);
+        if tty {
+            // As containerd: TERM=xterm in a terminal exec, replacing the container's.
+            let mut env: Vec<serde_json::Value> = process["env"].as_array().cloned().unwrap_or_default();
+            env.retain(|e| !e.as_str().is_some_and(|e| e.starts_with("TERM=")));
+            env.push(json!("TERM=xterm"));
+            process["env"] = json!(env);
+        }
         let name = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.store.container_dir(&record.id);
         let process_file = dir.join(format!("exec-{name}.json"));

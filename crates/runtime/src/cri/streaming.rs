@@ -213,6 +213,9 @@ async fn copy_out(
     }
 }
 
+/// How long a terminal exec waits for the client's first terminal size before it starts.
+const FIRST_SIZE_WAIT: Duration = Duration::from_millis(200);
+
 /// `runtime exec` of a terminal process, run by `setsid --ctty` on a pty of ours: the OCI
 /// runtime sees a terminal on its stdio, allocates the container's pty and relays it (runc refuses
 /// a console socket unless it detaches, and a detached exec's exit code would be lost), and a
@@ -226,6 +229,17 @@ async fn exec_tty(
 ) -> Result<i32, BackendError> {
     let pty = nix::pty::openpty(None, None).map_err(|e| failed(format!("allocating a terminal: {e}")))?;
     let master = pty.master;
+    let set_size = |master: &std::os::fd::OwnedFd, size: berth_stream::TerminalSize| {
+        let ws = rustix::termios::Winsize { ws_row: size.height, ws_col: size.width, ws_xpixel: 0, ws_ypixel: 0 };
+        let _ = rustix::termios::tcsetwinsize(master, ws);
+    };
+    let mut resize = streams.resize;
+    // Clients send their size first: a command that asks for it at once must not see 0×0.
+    if let Some(sizes) = resize.as_mut()
+        && let Ok(Some(first)) = tokio::time::timeout(FIRST_SIZE_WAIT, sizes.recv()).await
+    {
+        set_size(&master, first);
+    }
     let slave = std::fs::File::from(pty.slave);
     let args = runtime.exec_args(&record.id, &ExecOptions::new(process_file).pid_file(pid_file));
     let mut child = tokio::process::Command::new("setsid")
@@ -240,13 +254,11 @@ async fn exec_tty(
 
     let mut reader = tokio::fs::File::from_std(std::fs::File::from(master.try_clone().map_err(failed)?));
     let mut writer = tokio::fs::File::from_std(std::fs::File::from(master.try_clone().map_err(failed)?));
-    if let Some(mut resize) = streams.resize {
+    if let Some(mut resize) = resize {
         let master = master.try_clone().map_err(failed)?;
         tokio::spawn(async move {
             while let Some(size) = resize.recv().await {
-                let ws =
-                    rustix::termios::Winsize { ws_row: size.height, ws_col: size.width, ws_xpixel: 0, ws_ypixel: 0 };
-                let _ = rustix::termios::tcsetwinsize(&master, ws);
+                set_size(&master, size);
             }
         });
     }

@@ -100,7 +100,8 @@ impl Connection {
     }
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<WriteCmd>) {
+/// Writes queued frames, batched, until every sender is gone; the client connection uses it too.
+pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<WriteCmd>) {
     let mut encoder = HeaderEncoder::default();
     let mut buf = BytesMut::with_capacity(64 * 1024);
     while let Some(cmd) = rx.recv().await {

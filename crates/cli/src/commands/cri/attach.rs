@@ -1,8 +1,9 @@
-//! `berth cri attach`: attaches to a running container's stdio through the runtime's stream.
+//! `berth cri attach`: attaches to a running container's stdio through the runtime's stream,
+//! until the container exits or we are interrupted.
 
 use k8s_cri::v1 as cri;
 
-use super::{Context, rpc_error, stream, wrap};
+use super::{Context, Exit, rpc_error, stream, wrap};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,7 +28,10 @@ pub async fn run(ctx: &Context, args: Args) -> anyhow::Result<()> {
             stderr: !args.tty,
         };
         let url = rt.attach(ctx.request(req)).await.map_err(rpc_error)?.into_inner().url;
-        stream::stream_attach(&url, args.stdin, args.tty).await
+        stream::stream_command(&url, args.stdin, args.tty).await
     };
-    attach.await.map_err(|e| wrap("attaching running container failed", e))
+    match attach.await.map_err(|e| wrap("attaching running container failed", e))? {
+        0 => Ok(()),
+        code => Err(Exit(code).into()),
+    }
 }

@@ -1,6 +1,6 @@
-//! `berth cri exec`: runs a command in a container. `-s` uses ExecSync: the command's stdout
-//! and stderr go to ours and its exit code becomes ours. Without `-s` it asks for an Exec
-//! stream, falling back to ExecSync while streaming is not available and no `-i`/`-t` is asked.
+//! `berth cri exec`: runs a command in a container. `-s` uses ExecSync; without it, an Exec
+//! stream (with our stdin for `-i`, a terminal for `-t`). Either way the command's stdout and
+//! stderr go to ours and its exit code becomes ours.
 
 use std::io::Write;
 use std::time::Duration;
@@ -38,8 +38,7 @@ impl Args {
 }
 
 pub async fn run(ctx: &Context, args: Args) -> anyhow::Result<()> {
-    let fallback = !stream::SUPPORTED && !args.interactive && !args.tty;
-    if args.sync || fallback {
+    if args.sync {
         let code = exec_sync(ctx, &args).await.map_err(|e| wrap("execing command in container synchronously", e))?;
         return exit(code);
     }
@@ -74,5 +73,5 @@ async fn exec_stream(ctx: &Context, args: &Args) -> anyhow::Result<i32> {
         stderr: !args.tty,
     };
     let url = rt.exec(ctx.request(req)).await.map_err(rpc_error)?.into_inner().url;
-    stream::stream_exec(&url, args.interactive, args.tty).await
+    stream::stream_command(&url, args.interactive, args.tty).await
 }
