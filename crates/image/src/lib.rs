@@ -599,6 +599,18 @@ impl Images {
                 None => blobs.insert(key.clone()),
             };
         }
+        // Layers under a mounted rootfs stay until it is unmounted (as containerd keeps the
+        // snapshots of a running container whose image was removed); a later sweep frees them.
+        let layers_dir = self.root.join("layers");
+        if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
+            for dir in overlay_lower_dirs(&mountinfo) {
+                if let Ok(name) = dir.strip_prefix(&layers_dir)
+                    && let Some(name) = name.iter().next()
+                {
+                    layers.insert(name.to_string_lossy().into_owned());
+                }
+            }
+        }
         let mut freed_blobs = 0;
         for digest in self.content.list()? {
             if !blobs.contains(&digest) {
@@ -606,7 +618,6 @@ impl Images {
                 freed_blobs += 1;
             }
         }
-        let layers_dir = self.root.join("layers");
         let mut freed_layers = 0;
         for entry in std::fs::read_dir(&layers_dir).map_err(|e| io_error(&layers_dir, "layers", e))?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -719,9 +730,45 @@ where
     first_error.map_or(Ok(()), Err)
 }
 
+/// The `lowerdir`s of every overlay mount in a `/proc/self/mountinfo` text.
+fn overlay_lower_dirs(mountinfo: &str) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for line in mountinfo.lines() {
+        // "... - overlay overlay rw,lowerdir=A:B,upperdir=U,workdir=W"
+        let Some((_, after)) = line.split_once(" - ") else { continue };
+        let mut fields = after.split(' ');
+        if fields.next() != Some("overlay") {
+            continue;
+        }
+        let Some(options) = fields.nth(1) else { continue };
+        for option in options.split(',') {
+            if let Some(lower) = option.strip_prefix("lowerdir=") {
+                // mountinfo escapes space, tab, newline and backslash as octal.
+                let lower =
+                    lower.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\");
+                dirs.extend(lower.split(':').filter(|d| !d.is_empty()).map(PathBuf::from));
+            }
+        }
+    }
+    dirs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lower_dirs_of_overlay_mounts_are_read_from_mountinfo() {
+        let mountinfo = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+300 22 0:77 / /r/c1/rootfs rw,relatime - overlay overlay rw,lowerdir=/s/layers/b:/s/layers/a,upperdir=/r/c1/upper,workdir=/r/c1/work,volatile
+301 22 0:78 / /r/c2/rootfs rw,relatime - overlay overlay rw,lowerdir=/s/my\\040layers/c,upperdir=/u,workdir=/w
+302 22 0:79 / /tmp rw - tmpfs tmpfs rw,lowerdir=/not/overlay
+";
+        let dirs = overlay_lower_dirs(mountinfo);
+        let want: Vec<PathBuf> = ["/s/layers/b", "/s/layers/a", "/s/my layers/c"].iter().map(PathBuf::from).collect();
+        assert_eq!(dirs, want);
+    }
 
     fn assert_send<T: Send>(_: &T) {}
 

@@ -651,3 +651,41 @@ async fn a_container_with_a_terminal_runs_on_a_pty_under_runc_and_gvisor() {
     }
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_image_of_a_running_container_keeps_its_layers_until_the_container_is_gone() {
+    let rt = Runtime::start().await;
+    let image = rt.pull("runc").await;
+    let mut c = rt.client().await;
+    let mut images = ImageServiceClient::new(rt.channel().await);
+    let layers = rt.dir.path().join("root/images/layers");
+    let layer_count = || std::fs::read_dir(&layers).map(|d| d.count()).unwrap_or(0);
+    let (sandbox, pod) = run_pod(&mut c, &rt, "rmi", "runc").await;
+    let id = create(&mut c, &sandbox, &pod, container_config("app", &image, "sleep 300")).await.unwrap();
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    let spec = || Some(cri::ImageSpec { image: image.clone(), runtime_handler: "runc".into(), ..Default::default() });
+    let remove = cri::RemoveImageRequest { image: spec() };
+
+    images.remove_image(remove.clone()).await.unwrap();
+    let listed = images.list_images(cri::ListImagesRequest { filter: None }).await.unwrap().into_inner().images;
+    assert!(listed.is_empty(), "the image is gone from the list: {listed:?}");
+    assert!(layer_count() > 0, "its layers stay under the running container");
+    let read = c
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["sh".into(), "-c".into(), "cat /bin/busybox | wc -c".into()],
+            timeout: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let size: u64 = String::from_utf8_lossy(&read.stdout).trim().parse().unwrap();
+    assert_eq!((read.exit_code, size > 0), (0, true), "the container still reads its image's files");
+
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox }).await.unwrap();
+    // The next sweep (this pull and removal) frees them.
+    rt.pull("runc").await;
+    images.remove_image(remove).await.unwrap();
+    assert_eq!(layer_count(), 0, "no layer is left once nothing uses it");
+    rt.shutdown().await;
+}
