@@ -37,6 +37,9 @@ fn main() -> anyhow::Result<()> {
         builder.thread_keep_alive(std::time::Duration::from_secs(1)).max_blocking_threads(64);
         berth_runtime::memory::limit_arenas();
     }
+    if matches!(cli.command, Command::Agent(_)) {
+        berth_runtime::memory::limit_arenas();
+    }
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
         match cli.command {

@@ -1,4 +1,5 @@
-//! Giving the heap a burst of RPCs freed back to the kernel, so the idle runtime stays small.
+//! Giving the heap a burst of RPCs freed back to the kernel, so the idle runtime stays small
+//! (and the same, on a timer, for the node agent, which `berth` also is).
 //!
 //! glibc's malloc gives each thread that allocates its own arena (up to 8 per core) and keeps
 //! freed memory there for reuse: after a burst of pods on tokio's blocking threads, the idle
@@ -103,6 +104,20 @@ fn clean_file_ranges(smaps: &str) -> Vec<std::ops::Range<usize>> {
     }
     finish(current, &mut done);
     done
+}
+
+/// Trims every `period`, for a process that is never quiet for long (the node agent, whose pod
+/// workers and heartbeats wake it every few seconds): what it touched in between faults back.
+pub fn spawn_trim_every(period: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            trim();
+            release_clean_file_pages();
+        }
+    })
 }
 
 /// Trims once after each burst of RPCs, when a tick finds no RPC since the previous one; never

@@ -43,6 +43,9 @@ pub struct Args {
     root_dir: Option<PathBuf>,
 }
 
+/// How often the agent gives back free heap and the code pages it touched since.
+const AGENT_TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let absolute = |p: Option<PathBuf>, flag: &str| -> anyhow::Result<Option<PathBuf>> {
         p.map(|p| std::path::absolute(p).with_context(|| flag.to_string())).transpose()
@@ -59,5 +62,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         image_gc_low_threshold: args.image_gc_low_threshold,
         root_dir: absolute(args.root_dir, "--root-dir")?,
     };
+    // The agent wakes often (pod workers, heartbeats): its heap and code pages are trimmed on a
+    // timer rather than when quiet.
+    let _trim = berth_runtime::memory::spawn_trim_every(AGENT_TRIM_PERIOD);
     berth_agent::agent::run(flags).await.context("berth agent")
 }
