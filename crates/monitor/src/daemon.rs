@@ -43,6 +43,8 @@ const MAX_DRAIN_READS: usize = 256;
 /// How long the OCI runtime's terminal may take to arrive once create returned (it is sent
 /// during create, so it is normally there already).
 const CONSOLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the container's init may take to be reparented to the monitor after create returned.
+const ADOPTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long attach clients get to take their last output and the exit frame.
 const ATTACH_FINISH_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -235,6 +237,11 @@ fn run(args: &MonitorArgs) -> Result<i32, DaemonError> {
         None => None,
     };
     let container = read_container_pid(args)?;
+    // `crun run --detach` returns once its intermediate process reported, which may be a moment
+    // before that process exits and the container's init is reparented to us (the subreaper).
+    if !adopted(container, ADOPTION_TIMEOUT) {
+        return Err(DaemonError::NotAChild { pid: container.as_raw() });
+    }
     let mut reaped = match waitpid(container, Some(WaitPidFlag::WNOHANG)) {
         Err(Errno::ECHILD) => return Err(DaemonError::NotAChild { pid: container.as_raw() }),
         Ok(status) => reaped_from(status, container),
@@ -375,6 +382,30 @@ fn read_once(slot: &mut Option<Pipe>, buf: &mut [u8], outputs: &mut Outputs) -> 
     }
 }
 
+/// Whether `pid` is (or within `timeout` becomes) a child of this process.
+fn adopted(pid: Pid, timeout: Duration) -> bool {
+    let me = std::process::id() as i32;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match parent_of(pid) {
+            Some(parent) if parent == me => return true,
+            // Gone without being ours: whoever reaped it has its exit status.
+            None => return false,
+            Some(_) if std::time::Instant::now() >= deadline => return false,
+            Some(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
+/// The parent pid of `pid` from `/proc/<pid>/stat`; `None` if there is no such process. A zombie
+/// child of ours still has an entry (and us as parent).
+fn parent_of(pid: Pid) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "<pid> (<comm>) <state> <ppid> ...": comm may hold spaces and parentheses.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Reaps every child that has exited; returns the container's exit if it was among them.
 fn reap_children(container: Pid) -> Option<Reaped> {
     let mut found = None;
@@ -451,4 +482,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_adopted_at_once_and_a_stranger_never() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        assert_eq!(parent_of(pid), Some(std::process::id() as i32));
+        assert!(adopted(pid, Duration::ZERO));
+        // Our own parent is nobody's child of ours.
+        assert!(!adopted(nix::unistd::getppid(), Duration::from_millis(20)));
+        assert!(!adopted(Pid::from_raw(i32::MAX), Duration::from_millis(20)), "no such process");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }
