@@ -1,6 +1,7 @@
 //! `berth-bench`: berth's API, image pulls and CRI pods, each next to its floor or reference
 //! measured in the same run.
 
+mod agent;
 mod api;
 mod cri;
 mod etcd_server;
@@ -21,7 +22,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::stats::Figure;
 
 #[derive(Parser)]
-#[command(name = "berth-bench", about = "Benchmarks of berth: control plane, image pulls, CRI runtime")]
+#[command(name = "berth-bench", about = "Benchmarks of berth: control plane, image pulls, CRI runtime, node agent")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,6 +36,8 @@ enum Command {
     Image(image::ImageArgs),
     /// CRI pod lifecycles under runc, crun and gVisor, next to the raw OCI runtimes and containerd.
     Cri(cri::CriArgs),
+    /// Pod start through server, agent and runtime per handler, next to CRI only and the raw floor.
+    Agent(agent::AgentArgs),
 }
 
 #[derive(Args)]
@@ -64,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Api(args) => api_bench(args).await,
         Command::Image(args) => image::run(args).await,
         Command::Cri(args) => cri::run(args).await,
+        Command::Agent(args) => agent::run(args).await,
     }
 }
 
