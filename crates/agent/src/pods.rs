@@ -24,6 +24,7 @@ mod probe;
 mod resources;
 mod spec;
 mod status;
+mod status_writer;
 mod volumes;
 mod worker;
 

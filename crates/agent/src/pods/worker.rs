@@ -32,7 +32,7 @@ use jiff::Timestamp;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::node::v1::RuntimeClass;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{Notify, watch};
 
@@ -50,6 +50,7 @@ use super::plan::{self, Step};
 use super::probe::{self, Prober, Sink};
 use super::spec;
 use super::status::{self, ContainerView, Instance, InstanceState, Observed, Waiting};
+use super::status_writer::StatusWriter;
 use super::volumes::{self, Prepared};
 use crate::endpoint::Endpoint;
 use crate::runtimes::{RuntimeManager, SERVICE_ANNOTATION, SelectError};
@@ -63,6 +64,8 @@ const VOLUME_REFRESH: Duration = Duration::from_secs(60);
 const BLOCKED_RETRY: Duration = Duration::from_secs(5);
 /// How often a pod that may be on a runtime not listed yet looks again (the listing also wakes it).
 const INVENTORY_WAIT: Duration = Duration::from_secs(5);
+/// How long the final status may take to be written before the pod object is deleted anyway.
+const FINAL_STATUS_WAIT: Duration = Duration::from_secs(10);
 /// kubelet's floor for a container's stop timeout.
 const MIN_GRACE_SECONDS: i64 = 2;
 
@@ -203,6 +206,8 @@ pub struct Worker {
     sandbox_suspect: bool,
     /// The supervisor's channel of pod updates, once running.
     pods: Option<watch::Receiver<Option<Arc<core::Pod>>>>,
+    /// Writes the status to the API, from the first write on.
+    status_writer: Option<StatusWriter>,
 }
 
 fn field_path(name: &str, init: bool) -> String {
@@ -236,6 +241,7 @@ impl Worker {
             wake,
             sandbox_suspect: false,
             pods: None,
+            status_writer: None,
         }
     }
 
@@ -1169,21 +1175,21 @@ impl Worker {
         Ok(status)
     }
 
+    /// Records `status` as the pod's and hands it to the pod's status writer when it changed;
+    /// does not wait for the API (see [`StatusWriter`]).
     async fn write_status(&mut self, status: core::PodStatus) -> Result<(), WorkerError> {
         if self.status.as_ref() == Some(&status) || !self.in_api {
             self.status = Some(status);
             return Ok(());
         }
-        let (name, ns) = self.names();
-        let api: Api<core::Pod> = Api::namespaced(self.ctx.client.clone(), &ns);
-        let patch = serde_json::json!({ "status": status });
-        match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
-            // Gone meanwhile: the watch will say so.
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(source) => return Err(WorkerError::Api { action: "updating the status", pod: self.pod_ref(), source }),
-        }
-        tracing::debug!(pod = %self.pod_ref(), phase = ?status.phase, "status written");
+        let writer = match &mut self.status_writer {
+            Some(w) => w,
+            None => {
+                let (name, ns) = self.names();
+                self.status_writer.insert(StatusWriter::spawn(self.ctx.client.clone(), &ns, &name, self.pod_ref()))
+            }
+        };
+        writer.write(status.clone());
         self.status = Some(status);
         Ok(())
     }
@@ -1286,6 +1292,12 @@ impl Worker {
             .map_err(|source| WorkerError::Cleanup { pod: self.pod_ref(), source })?;
         self.ctx.runtimes.forget(&self.uid);
         if self.in_api {
+            // The final status goes before the object (kubelet's order).
+            if let Some(writer) = &mut self.status_writer
+                && !writer.flush(FINAL_STATUS_WAIT).await
+            {
+                tracing::warn!(pod = %self.pod_ref(), "the final status was not written in time; deleting anyway");
+            }
             let (name, ns) = self.names();
             let api: Api<core::Pod> = Api::namespaced(self.ctx.client.clone(), &ns);
             let params = DeleteParams {
