@@ -8,25 +8,11 @@
 
 mod common;
 
-use std::process::Command;
-
 use berth_testenv::Registry;
 use berth_testenv::images::{Format, busybox_image};
 use common::{Agent, Runtime, Server, agent_toml, condition, eventually};
 
 const NODE: &str = "node-e2e";
-
-fn node_kubeconfig(server: &Server, dir: &std::path::Path) -> std::path::PathBuf {
-    let out = Command::new(common::berth_binary())
-        .args(["server", "token", "create", "--node", NODE, "--data-dir"])
-        .arg(server.data_dir())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
-    let path = dir.join("node.kubeconfig");
-    std::fs::write(&path, out.stdout).unwrap();
-    path
-}
 
 fn apply(server: &Server, manifest: serde_json::Value) {
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -53,7 +39,7 @@ async fn kubectl_runs_pods_of_every_class_reads_their_logs_execs_into_them_and_d
     let server = Server::start();
     let runtime = Runtime::builder().insecure_registry(registry.host()).start();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = node_kubeconfig(&server, dir.path());
+    let kubeconfig = common::node_kubeconfig(&server, NODE, dir.path());
     let agent = Agent::start_as(NODE, &agent_toml(&[("berth", &runtime)], false), &kubeconfig);
     eventually("the node Ready", || async {
         server.node(NODE).await.filter(|n| condition(n, "Ready").is_some_and(|c| c.status == "True"))
@@ -105,13 +91,6 @@ async fn kubectl_runs_pods_of_every_class_reads_their_logs_execs_into_them_and_d
     assert_eq!(String::from_utf8_lossy(&sandboxes.stdout).trim(), "", "no sandbox is left in the runtime");
 }
 
-/// Sandbox IDs in `runtime` of the pod with `uid`.
-fn sandboxes_of(runtime: &Runtime, uid: &str) -> Vec<String> {
-    let out = runtime.cri(&["pods", "-q", "--label", &format!("io.kubernetes.pod.uid={uid}")]);
-    assert!(out.status.success(), "berth cri pods: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_waits_for_a_runtime_that_is_down_instead_of_starting_its_pods_twice() {
     let registry = Registry::start();
@@ -125,7 +104,7 @@ async fn a_restarted_agent_waits_for_a_runtime_that_is_down_instead_of_starting_
     let ready = server.kubectl(&["wait", "--for=condition=Ready", "pod/kept", "--timeout=120s"]);
     assert!(ready.status.success(), "pod Ready: {}\n{}", String::from_utf8_lossy(&ready.stderr), agent.log());
     let uid = server.kubectl_ok(&["get", "pod", "kept", "-o", "jsonpath={.metadata.uid}"]);
-    assert_eq!(sandboxes_of(&first, &uid).len(), 1);
+    assert_eq!(first.sandboxes_of(&uid).len(), 1);
 
     // The agent dies, and its pod's runtime is down when it comes back; `second` is ready and
     // now the default, and serves the pod's handler too.
@@ -134,13 +113,13 @@ async fn a_restarted_agent_waits_for_a_runtime_that_is_down_instead_of_starting_
     agent.write_config(&agent_toml(&[("second", &second), ("first", &first)], true));
     agent.restart();
     tokio::time::sleep(std::time::Duration::from_secs(8)).await;
-    assert_eq!(sandboxes_of(&second, &uid), Vec::<String>::new(), "not started on the other runtime:\n{}", agent.log());
+    assert_eq!(second.sandboxes_of(&uid), Vec::<String>::new(), "not started on the other runtime:\n{}", agent.log());
 
     // Deleting it meanwhile waits for the runtime that holds it.
     let deleting = server.kubectl(&["delete", "pod", "kept", "--wait=false"]);
     assert!(deleting.status.success(), "{}", String::from_utf8_lossy(&deleting.stderr));
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
-    assert_eq!(sandboxes_of(&second, &uid), Vec::<String>::new(), "not started on the other runtime:\n{}", agent.log());
+    assert_eq!(second.sandboxes_of(&uid), Vec::<String>::new(), "not started on the other runtime:\n{}", agent.log());
     let left = server.kubectl_ok(&["get", "pods", "-o", "name"]);
     assert_eq!(left.trim(), "pod/kept", "still there while its containers may run");
     first.restart();
@@ -149,6 +128,6 @@ async fn a_restarted_agent_waits_for_a_runtime_that_is_down_instead_of_starting_
         left.trim().is_empty().then_some(())
     })
     .await;
-    assert_eq!(sandboxes_of(&first, &uid), Vec::<String>::new(), "torn down where it ran");
-    assert_eq!(sandboxes_of(&second, &uid), Vec::<String>::new(), "never started elsewhere:\n{}", agent.log());
+    assert_eq!(first.sandboxes_of(&uid), Vec::<String>::new(), "torn down where it ran");
+    assert_eq!(second.sandboxes_of(&uid), Vec::<String>::new(), "never started elsewhere:\n{}", agent.log());
 }

@@ -219,9 +219,7 @@ impl Cluster {
 
     /// Sandboxes in the runtime that belong to the pod with `uid`.
     fn sandboxes_of(&self, uid: &str) -> Vec<String> {
-        let out = self.runtime.cri(&["pods", "-q", "--label", &format!("io.kubernetes.pod.uid={uid}")]);
-        assert!(out.status.success(), "berth cri pods: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect()
+        self.runtime.sandboxes_of(uid)
     }
 }
 

@@ -28,16 +28,8 @@ pub(crate) struct ConsoleListener {
 impl ConsoleListener {
     /// Listens at `path` (parent created, a stale socket replaced), mode 0600.
     pub(crate) fn bind(path: &Path) -> io::Result<Self> {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-            fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
-        let console = ConsoleListener { path: path.to_path_buf(), listener };
-        fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
-        Ok(console)
+        let listener = bind_private(path)?;
+        Ok(ConsoleListener { path: path.to_path_buf(), listener })
     }
 
     /// The master the OCI runtime sent (it connects and sends during create, so it is waiting
@@ -75,6 +67,23 @@ impl Drop for ConsoleListener {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
     }
+}
+
+/// Listens on a unix socket at `path` (its parent created, a stale socket there replaced) that
+/// only root may connect to (mode 0600); the path is removed again if that fails.
+pub(crate) fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    if let Err(e) = fs::set_permissions(path, fs::Permissions::from_mode(0o600)) {
+        let _ = fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(listener)
 }
 
 /// Parses [`WINSIZE_FILE`]: "COLS ROWS".

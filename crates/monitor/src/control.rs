@@ -27,12 +27,24 @@ pub enum ControlError {
 
 /// Whether `pid` is a running `berth-monitor` (not a zombie, not a process that reused the pid).
 pub fn is_alive(monitor_pid: i32) -> bool {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{monitor_pid}/stat")) else { return false };
-    // "<pid> (<comm>) <state> ...": comm may hold spaces and parentheses, so split at the last ')'.
-    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { return false };
-    let comm = &stat[open + 1..close];
-    let state = stat[close + 1..].trim_start().chars().next();
-    comm == MONITOR_NAME && !matches!(state, Some('Z' | 'X' | 'x'))
+    proc_stat(monitor_pid).is_some_and(|s| s.comm == MONITOR_NAME && !matches!(s.state, 'Z' | 'X' | 'x'))
+}
+
+/// What `/proc/<pid>/stat` says of a process that exists (a zombie too).
+pub(crate) struct ProcStat {
+    pub comm: String,
+    pub state: char,
+    pub ppid: i32,
+}
+
+pub(crate) fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "<pid> (<comm>) <state> <ppid> ...": comm may hold spaces and parentheses, so split at the last ')'.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let mut rest = stat.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some(ProcStat { comm: stat.get(open + 1..close)?.to_string(), state, ppid })
 }
 
 /// The pid the monitor of `state_dir` recorded, `None` if it never started or has exited

@@ -387,7 +387,7 @@ fn adopted(pid: Pid, timeout: Duration) -> bool {
     let me = std::process::id() as i32;
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        match parent_of(pid) {
+        match crate::control::proc_stat(pid.as_raw()).map(|s| s.ppid) {
             Some(parent) if parent == me => return true,
             // Gone without being ours: whoever reaped it has its exit status.
             None => return false,
@@ -395,15 +395,6 @@ fn adopted(pid: Pid, timeout: Duration) -> bool {
             Some(_) => std::thread::sleep(Duration::from_millis(2)),
         }
     }
-}
-
-/// The parent pid of `pid` from `/proc/<pid>/stat`; `None` if there is no such process. A zombie
-/// child of ours still has an entry (and us as parent).
-fn parent_of(pid: Pid) -> Option<i32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "<pid> (<comm>) <state> <ppid> ...": comm may hold spaces and parentheses.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Reaps every child that has exited; returns the container's exit if it was among them.
@@ -492,7 +483,7 @@ mod tests {
     fn a_child_is_adopted_at_once_and_a_stranger_never() {
         let mut child = Command::new("sleep").arg("5").spawn().unwrap();
         let pid = Pid::from_raw(child.id() as i32);
-        assert_eq!(parent_of(pid), Some(std::process::id() as i32));
+        assert_eq!(crate::control::proc_stat(pid.as_raw()).map(|s| s.ppid), Some(std::process::id() as i32));
         assert!(adopted(pid, Duration::ZERO));
         // Our own parent is nobody's child of ours.
         assert!(!adopted(nix::unistd::getppid(), Duration::from_millis(20)));

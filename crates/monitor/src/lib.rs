@@ -39,7 +39,7 @@ pub mod pause;
 pub mod report;
 pub mod status;
 pub mod time;
-mod trim;
+pub mod trim;
 
 pub use control::{ControlError, is_alive, read_monitor_pid, reopen_log, resize};
 pub use launch::{LaunchOptions, MonitorError, MonitorHandle, launch};

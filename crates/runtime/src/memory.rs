@@ -46,64 +46,10 @@ pub fn trim() {
     }
 }
 
-/// Unmaps the resident pages of every read-only private file mapping that holds no page of its
-/// own (code and constants of the binary and its libraries; never relocated data, which
-/// `Anonymous` pages show, nor anything writable). They stay in the page cache.
+/// Unmaps the resident code and read-only data pages of this process; they stay in the page
+/// cache and fault back in when used (the monitor's own trim, [`berth_monitor::trim`]).
 pub fn release_clean_file_pages() {
-    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return };
-    for range in clean_file_ranges(&smaps) {
-        // SAFETY: the range is a whole mapping of this process, read-only, backed by an
-        // unmodified file (the kernel refuses writes to a running binary, ETXTBSY) and without
-        // private copies: MADV_DONTNEED only unmaps pages that fault back identical.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::madvise(range.start as *mut libc::c_void, range.end - range.start, libc::MADV_DONTNEED);
-        }
-    }
-}
-
-/// The address ranges of `/proc/self/smaps` mappings that [`release_clean_file_pages`] may drop:
-/// private, not writable, backed by a file (inode ≠ 0), resident, with no anonymous (copied)
-/// and no locked pages.
-fn clean_file_ranges(smaps: &str) -> Vec<std::ops::Range<usize>> {
-    struct Mapping {
-        range: std::ops::Range<usize>,
-        candidate: bool,
-        rss: u64,
-        anonymous: u64,
-        locked: u64,
-    }
-    let mut done = Vec::new();
-    let mut current: Option<Mapping> = None;
-    let finish = |m: Option<Mapping>, done: &mut Vec<std::ops::Range<usize>>| {
-        if let Some(m) = m.filter(|m| m.candidate && m.rss > 0 && m.anonymous == 0 && m.locked == 0) {
-            done.push(m.range);
-        }
-    };
-    for line in smaps.lines() {
-        let mut fields = line.split_whitespace();
-        let Some(first) = fields.next() else { continue };
-        if let Some((start, end)) = first.split_once('-')
-            && let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16))
-        {
-            finish(current.take(), &mut done);
-            let perms = fields.next().unwrap_or("");
-            let inode = fields.nth(2).unwrap_or("0");
-            let candidate = perms.len() == 4 && !perms.contains('w') && perms.ends_with('p') && inode != "0";
-            current = Some(Mapping { range: start..end, candidate, rss: 0, anonymous: 0, locked: 0 });
-            continue;
-        }
-        let Some(m) = current.as_mut() else { continue };
-        let kib = || fields.clone().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(u64::MAX);
-        match first {
-            "Rss:" => m.rss = kib(),
-            "Anonymous:" => m.anonymous = kib(),
-            "Locked:" => m.locked = kib(),
-            _ => {}
-        }
-    }
-    finish(current, &mut done);
-    done
+    berth_monitor::trim::drop_file_pages();
 }
 
 /// Trims every `period`, for a process that is never quiet for long (the node agent, whose pod
@@ -143,47 +89,6 @@ pub fn spawn_trim_when_quiet() -> tokio::task::JoinHandle<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const SMAPS: &str = "\
-55d0c4a00000-55d0c4c00000 r--p 00000000 fe:00 42 /usr/bin/berth
-Rss:                2048 kB
-Anonymous:             0 kB
-Locked:                0 kB
-55d0c4c00000-55d0c6000000 r-xp 00200000 fe:00 42 /usr/bin/berth
-Rss:                9000 kB
-Anonymous:             0 kB
-Locked:                0 kB
-55d0c6000000-55d0c6100000 r--p 01600000 fe:00 42 /usr/bin/berth
-Rss:                 980 kB
-Anonymous:           980 kB
-Locked:                0 kB
-55d0c6100000-55d0c6110000 rw-p 01700000 fe:00 42 /usr/bin/berth
-Rss:                  40 kB
-Anonymous:            40 kB
-Locked:                0 kB
-7f0000000000-7f0000100000 rw-p 00000000 00:00 0 [heap]
-Rss:                 164 kB
-Anonymous:           164 kB
-Locked:                0 kB
-7f0000200000-7f0000300000 r-xp 00000000 fe:00 77 /usr/lib/libc.so.6
-Rss:                   0 kB
-Anonymous:             0 kB
-Locked:                0 kB
-7f0000400000-7f0000500000 r-xp 00000000 fe:00 78 /usr/lib/libm.so.6
-Rss:                 344 kB
-Anonymous:             0 kB
-Locked:                4 kB
-7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0 [vdso]
-Rss:                   8 kB
-Anonymous:             0 kB
-Locked:                0 kB
-";
-
-    #[test]
-    fn only_resident_clean_read_only_file_mappings_are_released() {
-        let ranges = clean_file_ranges(SMAPS);
-        assert_eq!(ranges, [0x55d0c4a00000..0x55d0c4c00000, 0x55d0c4c00000..0x55d0c6000000]);
-    }
 
     fn rss_file_kib() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -439,6 +439,13 @@ impl Runtime {
             .unwrap()
     }
 
+    /// Sandbox IDs of the pod with `uid`.
+    pub fn sandboxes_of(&self, uid: &str) -> Vec<String> {
+        let out = self.cri(&["pods", "-q", "--label", &format!("io.kubernetes.pod.uid={uid}")]);
+        assert!(out.status.success(), "berth cri pods: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(String::from).collect()
+    }
+
     /// Stops and removes every pod sandbox (a test's leftovers: containers outlive the runtime,
     /// and the temp dir cannot be removed under their mounts).
     pub fn remove_all_pods(&self) {

@@ -8,7 +8,6 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -190,13 +189,7 @@ impl AttachServer {
     /// Listens at `path` (its parent created, a stale socket there replaced), sending client
     /// input to `stdin` (the non-blocking write end of the container's stdin pipe) if given.
     pub(crate) fn bind(path: &Path, stdin: Option<File>, stdin_once: bool) -> io::Result<Self> {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-            fs::remove_file(path)?;
-        }
-        let listener = UnixListener::bind(path)?;
+        let listener = crate::console::bind_private(path)?;
         let server = AttachServer {
             path: path.to_path_buf(),
             listener: Some(listener),
@@ -206,7 +199,6 @@ impl AttachServer {
             had_client: false,
         };
         // Dropping `server` on an error removes the path again.
-        fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
         server.listener.as_ref().expect("just bound").set_nonblocking(true)?;
         Ok(server)
     }
@@ -406,6 +398,7 @@ mod tests {
     use super::*;
     use crate::attach::read_frame;
     use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::net::UnixStream;
 
     /// One round of the monitor's loop for the server alone (waits at most 100 ms).
