@@ -259,7 +259,8 @@ async fn exec_with_a_terminal_runs_interactively_and_follows_the_terminals_size(
     let endpoint = format!("unix://{}", rt.socket().display());
     let script = |shell: &str| {
         let mut cmd = Command::new("script");
-        cmd.args(["-qec", shell, "/dev/null"]).env("CONTAINER_RUNTIME_ENDPOINT", &endpoint);
+        // `script` runs $SHELL: pin it, so the test does not depend on the caller's login shell.
+        cmd.args(["-qec", shell, "/dev/null"]).env("SHELL", "/bin/sh").env("CONTAINER_RUNTIME_ENDPOINT", &endpoint);
         cmd
     };
 
@@ -287,14 +288,15 @@ async fn exec_with_a_terminal_runs_interactively_and_follows_the_terminals_size(
     assert_eq!(local, ["icanon", "echo"], "our terminal is restored: {screen}");
     assert_eq!(status.code(), Some(7), "{screen}");
 
-    // Resizing our terminal resizes the remote one (stdin comes from the terminal explicitly:
-    // a background job's would be /dev/null).
+    // Resizing our terminal resizes the remote one. The terminal reaches the background job
+    // through fd 3: POSIX shells give an asynchronous list /dev/null as stdin before its own
+    // redirections, so `<&0` would be /dev/null under dash.
     // The initial size is set before the command starts: asking at once finds it, and TERM.
     let remote = "echo size=$(stty size) term=$TERM; i=0; \
                   while [ \"$(stty size)\" = \"24 80\" ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done; \
                   echo size=$(stty size); exit 5";
     let shell = format!(
-        "stty cols 80 rows 24; {berth} cri -t 60s exec -it {ctr} sh -c '{remote}' <&0 & \
+        "stty cols 80 rows 24; exec 3<&0; {berth} cri -t 60s exec -it {ctr} sh -c '{remote}' <&3 & \
          sleep 2; stty cols 132 rows 43; wait $!"
     );
     let mut child = script(&shell).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
