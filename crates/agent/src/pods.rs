@@ -203,6 +203,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         memory_capacity: resources::node_memory_capacity(),
         cpu_millis: std::thread::available_parallelism().map_or(1000, |n| n.get() as i64 * 1000),
         wakers: Mutex::new(HashMap::new()),
+        api_writes: Arc::new(tokio::sync::Semaphore::new(worker::API_WRITES)),
     });
     tasks.spawn(refresh_host_ips(ctx.clone()));
     tasks.spawn(listen_for_container_events(ctx.clone()));

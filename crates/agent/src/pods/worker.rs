@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 
 use super::actions::{self, Action, Outcome, Target};
 use super::backoff::{self, Backoff};
@@ -87,7 +87,13 @@ pub struct Context {
     pub cpu_millis: i64,
     /// Wakes a pod's worker when its runtime reports a container event, by pod UID.
     pub wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Bounds the pods' concurrent status writes and deletions: the client speaks HTTP/1.1, so
+    /// each concurrent request is a connection of its own, kept idle in its pool afterwards.
+    pub api_writes: Arc<Semaphore>,
 }
+
+/// How many status writes and deletions of pods may be in flight at once (see `api_writes`).
+pub const API_WRITES: usize = 4;
 
 impl Context {
     fn host_ips(&self) -> Vec<String> {
@@ -204,6 +210,8 @@ pub struct Worker {
     wake: Arc<Notify>,
     /// A container could not be created because the sandbox is going away.
     sandbox_suspect: bool,
+    /// The sandbox was found or created by the step before: the next need not ask about it.
+    sandbox_just_seen: bool,
     /// The supervisor's channel of pod updates, once running.
     pods: Option<watch::Receiver<Option<Arc<core::Pod>>>>,
     /// Writes the status to the API, from the first write on.
@@ -240,6 +248,7 @@ impl Worker {
             reported_unlisted: false,
             wake,
             sandbox_suspect: false,
+            sandbox_just_seen: false,
             pods: None,
             status_writer: None,
         }
@@ -296,7 +305,8 @@ impl Worker {
             // `changed()` below marks the value seen: always take the newest here.
             let pod = pods.borrow_and_update().clone();
             self.update(pod);
-            let next = match self.step().await {
+            // Boxed: a step's future is large (tens of KiB), and a worker rests most of the time.
+            let next = match Box::pin(self.step()).await {
                 Ok(next) => {
                     retry = Duration::from_millis(500);
                     next
@@ -455,9 +465,11 @@ impl Worker {
         }
         let mut instances = self.observe(&rt).await?;
         let sandbox_ok = rt.sandbox.as_ref().is_some_and(|s| s.ready);
-        let sandbox_ok = sandbox_ok && self.check_sandbox(&rt).await?;
+        let sandbox_ok = sandbox_ok && (std::mem::take(&mut self.sandbox_just_seen) || self.check_sandbox(&rt).await?);
         if !sandbox_ok {
             match self.ensure_sandbox(&instances).await? {
+                // Nothing ran in the pod yet: what was observed still holds, go on with it.
+                SandboxOutcome::Ready if instances.is_empty() => self.sandbox_just_seen = false,
                 SandboxOutcome::Ready => return Ok(Next::Now),
                 SandboxOutcome::Retry(next) => {
                     self.report(&instances, false).await?;
@@ -467,8 +479,44 @@ impl Worker {
             }
         }
         let rt = self.rt.clone().unwrap_or(rt);
+        loop {
+            match self.act(&rt, &mut instances).await? {
+                Acted::Next(next) => return Ok(next),
+                // Only starts: one ContainerStatus per started container instead of observing the
+                // whole pod again (the status that shows them running is written sooner).
+                Acted::Started(ids) => self.refresh(&rt, &mut instances, &ids).await?,
+            }
+        }
+    }
+
+    /// Looks again at just the containers `ids`, in `instances`.
+    async fn refresh(
+        &mut self,
+        rt: &PodRuntime,
+        instances: &mut Vec<Instance>,
+        ids: &[String],
+    ) -> Result<(), WorkerError> {
         let sandbox_id = rt.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default();
-        self.sync_probes(&rt, &instances);
+        for id in ids {
+            let Some(s) = cricalls::container_status(&rt.endpoint, id).await? else {
+                instances.retain(|i| &i.id != id);
+                continue;
+            };
+            let inst = self.instance(&s, sandbox_id.clone());
+            match instances.iter_mut().find(|i| &i.id == id) {
+                Some(slot) => *slot = inst,
+                None => instances.push(inst),
+            }
+        }
+        sort_instances(instances);
+        Ok(())
+    }
+
+    /// Plans from `instances`, reports the status, and takes the plan's steps.
+    async fn act(&mut self, rt: &PodRuntime, instances: &mut Vec<Instance>) -> Result<Acted, WorkerError> {
+        let rt = rt.clone();
+        let sandbox_id = rt.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+        self.sync_probes(&rt, instances);
         let mut probes = plan::ProbeView::default();
         for (id, task) in &self.probes {
             let r = task.sink.results.lock().unwrap_or_else(|e| e.into_inner());
@@ -481,7 +529,7 @@ impl Worker {
         }
         let now = Timestamp::now();
         let plan = if rt.sandbox.is_some() {
-            plan::plan(self.spec(), &instances, &sandbox_id, &probes, &self.restarts, now)
+            plan::plan(self.spec(), instances, &sandbox_id, &probes, &self.restarts, now)
         } else {
             plan::Plan::default()
         };
@@ -504,20 +552,25 @@ impl Worker {
             self.waiting.insert(name.clone(), Waiting::new("CrashLoopBackOff", message));
             wake_at = Some(wake_at.map_or(remaining.until, |w| w.min(remaining.until)));
         }
-        let status = self.report(&instances, false).await?;
+        // With containers to start, what this shows is about to change.
+        let only_starts = plan.steps.iter().all(|s| matches!(s, Step::Start { .. } | Step::StartCreated { .. }));
+        let deferred = !plan.steps.is_empty() && only_starts;
+        let status = self.report_with(instances, false, deferred).await?;
         if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
             tracing::info!(pod = %self.pod_ref(), phase = ?status.phase, "pod finished");
             self.state = State::Finished { stopped: false };
-            return Ok(Next::Now);
+            return Ok(Acted::Next(Next::Now));
         }
-        self.collect_old_instances(&rt, &mut instances).await?;
+        self.collect_old_instances(&rt, instances).await?;
         if plan.steps.is_empty() {
             let until_wake = wake_at
                 .map(|w| Duration::try_from(w.duration_since(Timestamp::now())).unwrap_or_default())
                 .map(|d| d + Duration::from_millis(50));
-            return Ok(Next::After(until_wake.map_or(POLL, |d| d.min(POLL))));
+            return Ok(Acted::Next(Next::After(until_wake.map_or(POLL, |d| d.min(POLL)))));
         }
         let mut progressed = false;
+        // The containers started, while nothing else was done.
+        let mut started = Some(Vec::new());
         for step in plan.steps {
             match step {
                 Step::Kill { id, name } => {
@@ -538,6 +591,7 @@ impl Worker {
                     let c = self.container_spec(&name).cloned();
                     stop_with_hook(&rt, &id, c.as_ref(), self.target(&rt, &id, c.as_ref()), grace, None).await?;
                     progressed = true;
+                    started = None;
                 }
                 Step::Replace { id, name, restart_count } => {
                     let init = self.is_init(&name);
@@ -554,11 +608,15 @@ impl Worker {
                     self.restarts.forget(&name);
                     self.start_container(&rt, &name, init, restart_count).await?;
                     progressed = true;
+                    started = None;
                 }
                 Step::StartCreated { id, name } => {
                     cricalls::start_container(&rt.endpoint, &id).await?;
                     tracing::info!(pod = %self.pod_ref(), container = %name, "started a container created before a restart");
                     progressed = true;
+                    if let Some(ids) = started.as_mut() {
+                        ids.push(id);
+                    }
                 }
                 Step::Start { name, init, restart_count } => {
                     if restart_count > 0 {
@@ -567,19 +625,27 @@ impl Worker {
                     }
                     // A container that cannot start now (pull, config) does not hold the others up;
                     // an init container does, by being the only step.
-                    progressed |= self.start_container(&rt, &name, init, restart_count).await?;
+                    if let Some(id) = self.start_container(&rt, &name, init, restart_count).await? {
+                        progressed = true;
+                        if let Some(ids) = started.as_mut() {
+                            ids.push(id);
+                        }
+                    }
                 }
             }
         }
         if progressed {
-            return Ok(Next::Now);
+            return Ok(match started {
+                Some(ids) => Acted::Started(ids),
+                None => Acted::Next(Next::Now),
+            });
         }
         if std::mem::take(&mut self.sandbox_suspect) {
-            return Ok(Next::After(Duration::from_millis(200)));
+            return Ok(Acted::Next(Next::After(Duration::from_millis(200))));
         }
         // Nothing could start: show why, and come back when a back-off ends (or soon, for
         // errors without one, such as a ConfigMap still missing).
-        self.report(&instances, false).await?;
+        self.report(instances, false).await?;
         let now = Timestamp::now();
         let pull_retry = self
             .pull_failures
@@ -588,7 +654,7 @@ impl Worker {
             .map(|r| Duration::try_from(r.until.duration_since(now)).unwrap_or_default() + Duration::from_millis(50))
             .min();
         // Within a pull back-off, a step shows ImagePullBackOff; at its end, the pull is retried.
-        Ok(Next::After(pull_retry.map_or(BLOCKED_RETRY, |d| d.min(BLOCKED_RETRY))))
+        Ok(Acted::Next(Next::After(pull_retry.map_or(BLOCKED_RETRY, |d| d.min(BLOCKED_RETRY)))))
     }
 
     fn is_init(&self, name: &str) -> bool {
@@ -796,6 +862,7 @@ impl Worker {
     }
 
     fn set_sandbox(&mut self, sandbox: Sandbox) {
+        self.sandbox_just_seen = true;
         if let Some(r) = self.rt.as_mut() {
             r.sandbox = Some(sandbox);
         }
@@ -811,21 +878,24 @@ impl Worker {
                 continue;
             }
             let Some(s) = cricalls::container_status(&rt.endpoint, &c.id).await? else { continue };
-            let mut inst = Instance::from_cri(&s);
-            inst.sandbox_id = c.pod_sandbox_id.clone();
-            if inst.state == InstanceState::Exited {
-                if inst.message.is_empty() {
-                    inst.message = termination_message(&inst, &s.log_path);
-                }
-                self.exited.insert(inst.id.clone(), inst.clone());
-            }
-            out.push(inst);
+            out.push(self.instance(&s, c.pod_sandbox_id.clone()));
         }
         self.exited.retain(|id, _| listed.iter().any(|c| &c.id == id));
-        out.sort_by(|a, b| {
-            a.name.cmp(&b.name).then(b.restart_count.cmp(&a.restart_count)).then(b.created_at.cmp(&a.created_at))
-        });
+        sort_instances(&mut out);
         Ok(out)
+    }
+
+    /// The instance a ContainerStatus shows; an exited one is remembered with its message.
+    fn instance(&mut self, s: &cri::ContainerStatus, sandbox_id: String) -> Instance {
+        let mut inst = Instance::from_cri(s);
+        inst.sandbox_id = sandbox_id;
+        if inst.state == InstanceState::Exited {
+            if inst.message.is_empty() {
+                inst.message = termination_message(&inst, &s.log_path);
+            }
+            self.exited.insert(inst.id.clone(), inst.clone());
+        }
+        inst
     }
 
     /// Removes exited instances beyond the newest two of each container (current and previous).
@@ -1017,19 +1087,20 @@ impl Worker {
         Ok(found)
     }
 
-    /// Pulls, creates and starts one container, then runs its postStart hook. Returns false
-    /// when it could not be started for a reason the pod shows (recorded as its waiting reason).
+    /// Pulls, creates and starts one container, then runs its postStart hook. Returns the
+    /// container's ID, or `None` when it could not be started for a reason the pod shows (recorded
+    /// as its waiting reason).
     async fn start_container(
         &mut self,
         rt: &PodRuntime,
         name: &str,
         init: bool,
         restart_count: i32,
-    ) -> Result<bool, WorkerError> {
-        let Some(c) = self.container_spec(name).cloned() else { return Ok(false) };
-        let Some(sandbox) = rt.sandbox.clone() else { return Ok(false) };
+    ) -> Result<Option<String>, WorkerError> {
+        let Some(c) = self.container_spec(name).cloned() else { return Ok(None) };
+        let Some(sandbox) = rt.sandbox.clone() else { return Ok(None) };
         let path = field_path(name, init);
-        let Some(image_ref) = self.ensure_image(rt, &c, &path).await? else { return Ok(false) };
+        let Some(image_ref) = self.ensure_image(rt, &c, &path).await? else { return Ok(None) };
         let sources = self.fetch_sources().await?;
         let ctx = self.pod_context(Some(rt));
         let config_error = |w: &mut Worker, message: String| {
@@ -1040,7 +1111,7 @@ impl Worker {
             Ok(env) => env,
             Err(e) => {
                 config_error(self, e.to_string());
-                return Ok(false);
+                return Ok(None);
             }
         };
         let prepared = self.volumes.as_ref().map(|(v, _)| v.clone()).unwrap_or_default();
@@ -1048,7 +1119,7 @@ impl Worker {
             Ok(m) => m,
             Err(e) => {
                 config_error(self, crate::agent::error_chain(&e));
-                return Ok(false);
+                return Ok(None);
             }
         };
         let termination_file = self.termination_message_file(&c, restart_count);
@@ -1073,13 +1144,13 @@ impl Worker {
                 // The sandbox is going away under us: look at it again shortly.
                 tracing::info!(pod = %self.pod_ref(), container = %name, error = %e.rpc(), "sandbox gone while creating a container");
                 self.sandbox_suspect = true;
-                return Ok(false);
+                return Ok(None);
             }
             Err(e) => {
                 let message = e.rpc();
                 self.event(events::Type::Warning, &path, "Failed", format!("Error: {message}"));
                 self.waiting.insert(name.to_string(), Waiting::new("CreateContainerError", message));
-                return Ok(false);
+                return Ok(None);
             }
         };
         self.event(events::Type::Normal, &path, "Created", format!("Created container: {name}"));
@@ -1090,7 +1161,7 @@ impl Worker {
             let message = e.rpc();
             self.event(events::Type::Warning, &path, "Failed", format!("Error: {message}"));
             self.waiting.insert(name.to_string(), Waiting::new("RunContainerError", message));
-            return Ok(false);
+            return Ok(None);
         }
         self.event(events::Type::Normal, &path, "Started", format!("Started container {name}"));
         self.waiting.remove(name);
@@ -1107,7 +1178,7 @@ impl Worker {
                 cricalls::stop_container(&rt.endpoint, &id, grace.max(MIN_GRACE_SECONDS)).await?;
             }
         }
-        Ok(true)
+        Ok(Some(id))
     }
 
     /// Creates the host file for the container's termination message; `None` when it has none.
@@ -1169,15 +1240,29 @@ impl Worker {
 
     /// Computes the status from `instances` and writes it if it changed.
     async fn report(&mut self, instances: &[Instance], terminal: bool) -> Result<core::PodStatus, WorkerError> {
+        self.report_with(instances, terminal, false).await
+    }
+
+    /// [`Self::report`], possibly `deferred` (see [`StatusWriter::write`]).
+    async fn report_with(
+        &mut self,
+        instances: &[Instance],
+        terminal: bool,
+        deferred: bool,
+    ) -> Result<core::PodStatus, WorkerError> {
         let observed = self.observed(instances, terminal);
         let status = status::pod_status(&self.pod, &observed, self.status.as_ref(), Timestamp::now());
-        self.write_status(status.clone()).await?;
+        self.write_status_with(status.clone(), deferred).await?;
         Ok(status)
     }
 
     /// Records `status` as the pod's and hands it to the pod's status writer when it changed;
     /// does not wait for the API (see [`StatusWriter`]).
     async fn write_status(&mut self, status: core::PodStatus) -> Result<(), WorkerError> {
+        self.write_status_with(status, false).await
+    }
+
+    async fn write_status_with(&mut self, status: core::PodStatus, deferred: bool) -> Result<(), WorkerError> {
         if self.status.as_ref() == Some(&status) || !self.in_api {
             self.status = Some(status);
             return Ok(());
@@ -1186,10 +1271,16 @@ impl Worker {
             Some(w) => w,
             None => {
                 let (name, ns) = self.names();
-                self.status_writer.insert(StatusWriter::spawn(self.ctx.client.clone(), &ns, &name, self.pod_ref()))
+                self.status_writer.insert(StatusWriter::spawn(
+                    self.ctx.client.clone(),
+                    self.ctx.api_writes.clone(),
+                    &ns,
+                    &name,
+                    self.pod_ref(),
+                ))
             }
         };
-        writer.write(status.clone());
+        writer.write(status.clone(), deferred);
         self.status = Some(status);
         Ok(())
     }
@@ -1305,7 +1396,10 @@ impl Worker {
                 preconditions: Some(Preconditions { uid: Some(self.uid.clone()), resource_version: None }),
                 ..Default::default()
             };
-            match api.delete(&name, &params).await {
+            let permit = self.ctx.api_writes.acquire().await;
+            let deleted = api.delete(&name, &params).await;
+            drop(permit);
+            match deleted {
                 Ok(_) => {}
                 // Already gone, or a new pod of the same name.
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
@@ -1316,6 +1410,20 @@ impl Worker {
         self.state = State::Done;
         Ok(Next::Exit)
     }
+}
+
+/// What [`Worker::act`] did.
+enum Acted {
+    /// Started these containers and did nothing else.
+    Started(Vec<String>),
+    Next(Next),
+}
+
+/// Newest first within each container name.
+fn sort_instances(instances: &mut [Instance]) {
+    instances.sort_by(|a, b| {
+        a.name.cmp(&b.name).then(b.restart_count.cmp(&a.restart_count)).then(b.created_at.cmp(&a.created_at))
+    });
 }
 
 enum SandboxOutcome {
