@@ -23,7 +23,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, pipe2, read};
+use nix::unistd::{ForkResult, Pid, pipe2, read};
 
 use crate::args::MonitorArgs;
 use crate::attach::server::{AttachServer, Polled};
@@ -88,30 +88,45 @@ pub fn main() -> i32 {
             return 2;
         }
     };
-    let result = if args.detached { run(&args) } else { detach(&args) };
-    match result {
+    if args.detached {
+        return main_detached(&args);
+    }
+    match detach(&args) {
         Ok(code) => code,
         Err(e) => {
-            // Before the report this reaches the launcher; afterwards stdio is /dev/null.
             send_report(&Report::Failed { message: error_chain(&e) });
-            if args.detached {
-                let _ = fs::remove_file(args.state_dir.join(MONITOR_PID_FILE));
-            }
             1
         }
     }
 }
 
-/// The first stage: start the second one, which inherits the sync pipe, and leave.
+/// The second stage's whole life; returns its exit code.
+fn main_detached(args: &MonitorArgs) -> i32 {
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            // Before the report this reaches the launcher; afterwards stdio is /dev/null.
+            send_report(&Report::Failed { message: error_chain(&e) });
+            let _ = fs::remove_file(args.state_dir.join(MONITOR_PID_FILE));
+            1
+        }
+    }
+}
+
+/// The first stage: fork the second one, which inherits the sync pipe, and leave. (A fork
+/// rather than a second exec of the binary: this is on the path of every container start.)
+#[allow(unsafe_code)]
 fn detach(args: &MonitorArgs) -> Result<i32, DaemonError> {
-    let exe = std::env::current_exe().map_err(|source| DaemonError::Detach { source })?;
-    let detached = MonitorArgs { detached: true, ..args.clone() };
-    Command::new(exe)
-        .args(detached.to_args())
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|source| DaemonError::Detach { source })?;
-    Ok(0)
+    // SAFETY: the first stage is single-threaded (nothing before this spawns a thread), so the
+    // child may run any code after the fork.
+    match unsafe { nix::unistd::fork() } {
+        Ok(ForkResult::Parent { .. }) => Ok(0),
+        Ok(ForkResult::Child) => {
+            let code = main_detached(&MonitorArgs { detached: true, ..args.clone() });
+            std::process::exit(code)
+        }
+        Err(e) => Err(DaemonError::Detach { source: io::Error::from(e) }),
+    }
 }
 
 /// One of the container's output pipes.

@@ -46,13 +46,19 @@ pub fn mount_tmpfs(target: &Path, options: &str) -> io::Result<()> {
         .map_err(|e| with_context(e, format!("mounting tmpfs at {}", target.display())))
 }
 
-/// Unmounts `target` (lazily, so a process still inside cannot block it); a path that is missing
-/// or not a mount point is fine: unmount is part of idempotent teardowns.
+/// Unmounts `target` (lazily, so a process still inside cannot block it), and again while
+/// something is still mounted there (mounts stacked on one path, as propagation can leave); a
+/// path that is missing or not a mount point is fine: unmount is part of idempotent teardowns.
 pub fn unmount(target: &Path) -> io::Result<()> {
-    match nix::mount::umount2(target, MntFlags::MNT_DETACH) {
-        Ok(()) | Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()),
-        Err(e) => Err(with_context(e, format!("unmounting {}", target.display()))),
+    const MAX_STACKED: usize = 16;
+    for _ in 0..MAX_STACKED {
+        match nix::mount::umount2(target, MntFlags::MNT_DETACH) {
+            Ok(()) => {}
+            Err(Errno::EINVAL) | Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(with_context(e, format!("unmounting {}", target.display()))),
+        }
     }
+    Err(io::Error::other(format!("unmounting {}: still mounted after {MAX_STACKED} unmounts", target.display())))
 }
 
 fn with_context(e: Errno, what: String) -> io::Error {
@@ -166,5 +172,31 @@ pub fn remove_cgroup(path: &str) {
             Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(Errno::ENOTDIR as i32) => {}
             Err(e) => tracing::debug!(cgroup = %dir.display(), error = %e, "cgroup not removed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mounted(path: &Path) -> bool {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let path = path.to_str().unwrap();
+        mountinfo.lines().any(|l| l.split(' ').nth(4) == Some(path))
+    }
+
+    #[test]
+    fn unmounting_removes_every_mount_stacked_on_the_path_and_then_is_a_no_op() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().canonicalize().unwrap();
+        for _ in 0..2 {
+            nix::mount::mount(Some("tmpfs"), &target, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>)
+                .unwrap();
+        }
+        assert!(mounted(&target));
+        unmount(&target).unwrap();
+        assert!(!mounted(&target), "a mount is left on {}", target.display());
+        unmount(&target).unwrap();
+        unmount(&target.join("missing")).unwrap();
     }
 }
