@@ -143,6 +143,7 @@ insecure = true
     async fn shutdown(mut self) {
         let _ = self.stop.take().unwrap().send(());
         let _ = self.task.take().unwrap().await;
+        assert!(self.cri.finish_background(Duration::from_secs(30)).await, "background cleanups did not finish");
         drop(self.cri);
     }
 

@@ -50,15 +50,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let cri = Cri::open(cfg, Arc::new(images), Options::default()).await.context("starting the CRI runtime")?;
     let routes = grpc::routes(cri.clone());
     let _trim = berth_runtime::memory::spawn_trim_when_quiet();
+    let closing = cri.clone();
     listener
         .serve(routes, async move {
             shutdown_signal().await;
-            cri.close();
+            closing.close();
         })
         .await?;
+    // Removals answered before the signal finish their host side (a kill leaves it to the next start).
+    if !cri.finish_background(BACKGROUND_WAIT).await {
+        tracing::warn!("background cleanups still running; the next start finishes them");
+    }
     tracing::info!("berth runtime stopped");
     Ok(())
 }
+
+/// How long a graceful stop waits for cleanups that run after their RPC answered.
+const BACKGROUND_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// SIGINT or SIGTERM.
 async fn shutdown_signal() {

@@ -551,7 +551,7 @@ impl Cri {
             self.blocking_state(move || claim.remove().map(drop)).await?;
             let cri = Arc::clone(self);
             let (id, handler) = (id.clone(), record.handler.clone());
-            tokio::spawn(async move {
+            self.background.spawn(async move {
                 cri.cleanup_container_files(&id, &handler).await;
                 let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));
             });

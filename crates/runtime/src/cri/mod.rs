@@ -67,6 +67,9 @@ pub struct Cri {
     stream: std::sync::OnceLock<berth_stream::StreamServer>,
     /// Which handlers' binaries pass their self-check (Status lists only those).
     handler_checks: Arc<runtime::HandlerChecks>,
+    /// Host-side cleanups that run after their RPC answered (gVisor's slow `runsc delete`); a
+    /// graceful stop waits for them ([`Cri::finish_background`]).
+    background: tokio_util::task::TaskTracker,
 }
 
 /// The default network namespace directory.
@@ -124,6 +127,7 @@ impl Cri {
             closing: watch::Sender::new(false),
             stream: std::sync::OnceLock::new(),
             handler_checks,
+            background: tokio_util::task::TaskTracker::new(),
         });
         let backend = Arc::new(streaming::StreamBackend(Arc::downgrade(&cri)));
         let address = options.stream_address.unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -226,6 +230,19 @@ impl Cri {
     /// Ends the event streams (the runtime is shutting down); containers keep running.
     pub fn close(&self) {
         self.closing.send_replace(true);
+    }
+
+    /// Waits (at most `limit`) for the cleanups still running after their RPCs answered; false
+    /// if some were left for the next start to finish.
+    pub async fn finish_background(&self, limit: std::time::Duration) -> bool {
+        self.background.close();
+        let pending = self.background.len();
+        if pending > 0 {
+            tracing::info!(pending, "waiting for background cleanups");
+        }
+        let done = tokio::time::timeout(limit, self.background.wait()).await.is_ok();
+        self.background.reopen();
+        done
     }
 
     /// Resolves once [`Cri::close`] has been called.
