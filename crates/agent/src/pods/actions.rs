@@ -1,13 +1,21 @@
 //! What probes and lifecycle hooks do: run a command in the container (CRI `ExecSync`), an HTTP
-//! GET or a TCP connect to the pod, or sleep — each giving an [`Outcome`].
+//! or HTTPS GET or a TCP connect to the pod, or sleep — each giving an [`Outcome`].
 
-use std::sync::Arc;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::endpoint::Endpoint;
 
@@ -106,13 +114,12 @@ pub async fn run(action: &Action, target: &Target, timeout: Duration) -> Outcome
                 Err(e) => return Outcome::Failure(e),
             };
             let host = h.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| target.pod_ip.clone());
-            if h.scheme.as_deref() == Some("HTTPS") {
-                return Outcome::Failure("HTTPS probes and hooks are not supported by berth's agent".into());
-            }
+            // The API server admits only HTTP and HTTPS, and defaults to HTTP.
+            let scheme = if h.scheme.as_deref() == Some("HTTPS") { Scheme::Https } else { Scheme::Http };
             let path = h.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
             let headers: Vec<(String, String)> =
                 h.http_headers.iter().flatten().map(|hh| (hh.name.clone(), hh.value.clone())).collect();
-            http_get(&host, port, &path, &headers, timeout).await
+            http_get(scheme, &host, port, &path, &headers, timeout).await
         }
         Action::Tcp(t) => {
             let port = match port_number(&t.port, &target.ports) {
@@ -161,42 +168,44 @@ async fn exec(target: &Target, cmd: &[String], timeout: Duration) -> Outcome {
     }
 }
 
-/// A plain HTTP/1.1 GET: 200–399 is success. Only the status line is read.
-pub async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, String)], timeout: Duration) -> Outcome {
+/// How an HTTP action reaches its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    /// TLS without verifying the certificate, as kubelet's prober does (`InsecureSkipVerify`).
+    Https,
+}
+
+/// An HTTP/1.1 GET, over TLS for [`Scheme::Https`]: 200–399 is success. Only the status line is read.
+pub async fn http_get(
+    scheme: Scheme,
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+    timeout: Duration,
+) -> Outcome {
     let addr = host_port(host, port);
-    let url = format!("http://{addr}{path}");
+    let url = match scheme {
+        Scheme::Http => format!("http://{addr}{path}"),
+        Scheme::Https => format!("https://{addr}{path}"),
+    };
     let attempt = async {
-        let mut stream = tokio::net::TcpStream::connect(&addr)
+        let tcp = tokio::net::TcpStream::connect(&addr)
             .await
             .map_err(|e| format!("Get {url:?}: dial tcp {addr}: {}", connect_error(&e)))?;
-        let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n");
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("user-agent")) {
-            request.push_str(&format!("User-Agent: {USER_AGENT}\r\n"));
-        }
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("accept")) {
-            request.push_str("Accept: */*\r\n");
-        }
-        for (k, v) in headers {
-            request.push_str(&format!("{k}: {v}\r\n"));
-        }
-        request.push_str("Connection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.map_err(|e| format!("Get {url:?}: {e}"))?;
-        let mut buf = Vec::with_capacity(256);
-        let mut chunk = [0u8; 256];
-        while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-            let n = stream.read(&mut chunk).await.map_err(|e| format!("Get {url:?}: {e}"))?;
-            if n == 0 {
-                break;
+        let request = get_request(&addr, path, headers);
+        match scheme {
+            Scheme::Http => status_code(tcp, &request).await,
+            Scheme::Https => {
+                let mut recorded = RecordsFirstBytes::new(tcp);
+                match tls_connector().connect(server_name(host)?, &mut recorded).await {
+                    Ok(tls) => status_code(tls, &request).await,
+                    Err(e) => Err(tls_error(&e, recorded.first())),
+                }
             }
-            buf.extend_from_slice(&chunk[..n]);
         }
-        let line = String::from_utf8_lossy(&buf);
-        let code: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| format!("Get {url:?}: malformed HTTP response"))?;
-        Ok::<u16, String>(code)
+        .map_err(|e| format!("Get {url:?}: {e}"))
     };
     match tokio::time::timeout(timeout, attempt).await {
         Err(_) => Outcome::Failure(format!(
@@ -205,6 +214,176 @@ pub async fn http_get(host: &str, port: u16, path: &str, headers: &[(String, Str
         Ok(Err(e)) => Outcome::Failure(e),
         Ok(Ok(code)) if (200..400).contains(&code) => Outcome::Success,
         Ok(Ok(code)) => Outcome::Failure(format!("HTTP probe failed with statuscode: {code}")),
+    }
+}
+
+fn get_request(addr: &str, path: &str, headers: &[(String, String)]) -> String {
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("user-agent")) {
+        request.push_str(&format!("User-Agent: {USER_AGENT}\r\n"));
+    }
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("accept")) {
+        request.push_str("Accept: */*\r\n");
+    }
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("Connection: close\r\n\r\n");
+    request
+}
+
+/// Sends `request` and reads the response's status code; the same for plain and TLS streams.
+async fn status_code(mut stream: impl AsyncRead + AsyncWrite + Unpin, request: &str) -> Result<u16, String> {
+    stream.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 256];
+    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+        let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let line = String::from_utf8_lossy(&buf);
+    line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| "malformed HTTP response".into())
+}
+
+/// The TLS server name: an IP address (sent without SNI) or a DNS name.
+fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    match host.parse::<IpAddr>() {
+        Ok(ip) => Ok(ServerName::IpAddress(ip.into())),
+        Err(_) => ServerName::try_from(host.to_string()).map_err(|e| format!("invalid host {host:?}: {e}")),
+    }
+}
+
+/// A failed handshake in Go's words, since kubelet's messages carry them.
+fn tls_error(e: &io::Error, first_bytes: &[u8]) -> String {
+    match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) => {
+            if first_bytes == b"HTTP/" {
+                "http: server gave HTTP response to HTTPS client".into()
+            } else {
+                "tls: first record does not look like a TLS handshake".into()
+            }
+        }
+        Some(rustls::Error::AlertReceived(alert)) => format!("remote error: tls: {}", words(&format!("{alert:?}"))),
+        Some(other) => format!("tls: {other}"),
+        None if e.kind() == io::ErrorKind::UnexpectedEof => "EOF".into(),
+        None => e.to_string(),
+    }
+}
+
+/// `HandshakeFailure` → `handshake failure`.
+fn words(camel: &str) -> String {
+    let mut out = String::with_capacity(camel.len() + 4);
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+fn tls_connector() -> tokio_rustls::TlsConnector {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        // The provider the agent's own TLS server uses (`http::tls`).
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth();
+        // No ALPN, like kubelet's prober transport: the target picks HTTP/1.1.
+        Arc::new(config)
+    });
+    tokio_rustls::TlsConnector::from(config.clone())
+}
+
+/// Accepts any certificate (kubelet probes with `InsecureSkipVerify`), but still checks the
+/// handshake signatures, so the peer holds the key of the certificate it showed.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A stream that keeps the first five bytes the peer sent, so a plain HTTP answer to a TLS
+/// handshake can be told apart from other garbage, as Go's HTTP client does.
+struct RecordsFirstBytes<S> {
+    inner: S,
+    first: [u8; 5],
+    len: usize,
+}
+
+impl<S> RecordsFirstBytes<S> {
+    fn new(inner: S) -> Self {
+        RecordsFirstBytes { inner, first: [0; 5], len: 0 }
+    }
+
+    fn first(&self) -> &[u8] {
+        &self.first[..self.len]
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for RecordsFirstBytes<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let read = &buf.filled()[before..];
+        let take = read.len().min(this.first.len() - this.len);
+        this.first[this.len..this.len + take].copy_from_slice(&read[..take]);
+        this.len += take;
+        poll
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for RecordsFirstBytes<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -246,29 +425,147 @@ mod tests {
     async fn http_get_succeeds_on_2xx_and_3xx_and_sends_kubelets_headers() {
         let (port, req) = serve_once("204 No Content").await;
         let headers = vec![("X-Probe".to_string(), "yes".to_string())];
-        assert_eq!(http_get("127.0.0.1", port, "/healthz", &headers, Duration::from_secs(2)).await, Outcome::Success);
+        assert_eq!(
+            http_get(Scheme::Http, "127.0.0.1", port, "/healthz", &headers, Duration::from_secs(2)).await,
+            Outcome::Success
+        );
         let req = req.await.unwrap();
         assert!(req.starts_with("GET /healthz HTTP/1.1\r\n"), "{req}");
         assert!(req.contains("User-Agent: kube-probe/1.33\r\n") && req.contains("X-Probe: yes\r\n"), "{req}");
         let (port, _) = serve_once("302 Found").await;
-        assert!(http_get("127.0.0.1", port, "/", &[], Duration::from_secs(2)).await.is_success());
+        assert!(http_get(Scheme::Http, "127.0.0.1", port, "/", &[], Duration::from_secs(2)).await.is_success());
     }
 
     #[tokio::test]
     async fn http_get_fails_on_errors_and_refused_connections_as_kubelet_words_it() {
         let (port, _) = serve_once("500 Internal Server Error").await;
         assert_eq!(
-            http_get("127.0.0.1", port, "/", &[], Duration::from_secs(2)).await,
+            http_get(Scheme::Http, "127.0.0.1", port, "/", &[], Duration::from_secs(2)).await,
             Outcome::Failure("HTTP probe failed with statuscode: 500".into())
         );
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
-        let Outcome::Failure(msg) = http_get("127.0.0.1", closed, "/x", &[], Duration::from_secs(2)).await else {
+        let Outcome::Failure(msg) =
+            http_get(Scheme::Http, "127.0.0.1", closed, "/x", &[], Duration::from_secs(2)).await
+        else {
             panic!("a closed port cannot succeed")
         };
         assert_eq!(
             msg,
             format!("Get \"http://127.0.0.1:{closed}/x\": dial tcp 127.0.0.1:{closed}: connect: connection refused")
         );
+    }
+
+    /// A TLS server with a fresh self-signed certificate for `localhost` that answers one GET
+    /// with `status`, giving back the request and the SNI name the client sent.
+    async fn serve_tls_once(status: &'static str) -> (u16, tokio::task::JoinHandle<(String, Option<String>)>) {
+        let rcgen::CertifiedKey { cert, signing_key } =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(signing_key.serialize_der().into());
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            let sni = tls.get_ref().1.server_name().map(str::to_string);
+            let mut buf = vec![0u8; 1024];
+            let n = tls.read(&mut buf).await.unwrap();
+            tls.write_all(format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n").as_bytes()).await.unwrap();
+            tls.shutdown().await.unwrap();
+            (String::from_utf8_lossy(&buf[..n]).into_owned(), sni)
+        });
+        (port, task)
+    }
+
+    #[tokio::test]
+    async fn an_https_get_to_a_self_signed_server_succeeds_on_200_with_the_same_request_as_http() {
+        let (port, served) = serve_tls_once("200 OK").await;
+        let headers = vec![("X-Probe".to_string(), "yes".to_string())];
+        let outcome = http_get(Scheme::Https, "127.0.0.1", port, "/healthz", &headers, Duration::from_secs(5)).await;
+        assert_eq!(outcome, Outcome::Success);
+        let (req, sni) = served.await.unwrap();
+        assert_eq!(
+            req,
+            format!(
+                "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\n\
+                 X-Probe: yes\r\nConnection: close\r\n\r\n"
+            )
+        );
+        assert_eq!(sni, None, "an IP address is not sent as SNI");
+    }
+
+    #[tokio::test]
+    async fn an_https_get_to_a_dns_name_sends_it_as_sni() {
+        let (port, served) = serve_tls_once("301 Moved Permanently").await;
+        assert!(http_get(Scheme::Https, "localhost", port, "/", &[], Duration::from_secs(5)).await.is_success());
+        assert_eq!(served.await.unwrap().1.as_deref(), Some("localhost"));
+    }
+
+    #[tokio::test]
+    async fn an_https_get_answered_500_fails_with_kubelets_message() {
+        let (port, _) = serve_tls_once("500 Internal Server Error").await;
+        assert_eq!(
+            http_get(Scheme::Https, "127.0.0.1", port, "/", &[], Duration::from_secs(5)).await,
+            Outcome::Failure("HTTP probe failed with statuscode: 500".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn an_https_get_to_a_plain_http_server_fails_at_once_naming_the_https_url() {
+        let (port, _) = serve_once("400 Bad Request").await;
+        let started = std::time::Instant::now();
+        let outcome = http_get(Scheme::Https, "127.0.0.1", port, "/ready", &[], Duration::from_secs(10)).await;
+        assert_eq!(
+            outcome,
+            Outcome::Failure(format!(
+                "Get \"https://127.0.0.1:{port}/ready\": http: server gave HTTP response to HTTPS client"
+            ))
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "the failure must not wait for the timeout");
+    }
+
+    #[tokio::test]
+    async fn an_https_get_to_a_server_that_closes_at_once_fails_with_go_eof() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Reads the ClientHello first: closing with it unread would reset the connection instead.
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let _ = tcp.read(&mut [0u8; 4096]).await;
+        });
+        assert_eq!(
+            http_get(Scheme::Https, "127.0.0.1", port, "/", &[], Duration::from_secs(5)).await,
+            Outcome::Failure(format!("Get \"https://127.0.0.1:{port}/\": EOF"))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_https_action_in_a_probe_reaches_the_pod_over_tls() {
+        let (port, served) = serve_tls_once("204 No Content").await;
+        let action = Action::HttpGet(core::HTTPGetAction {
+            scheme: Some("HTTPS".into()),
+            port: IntOrString::String("https".into()),
+            path: Some("/live".into()),
+            ..Default::default()
+        });
+        let target = Target {
+            endpoint: Arc::new(Endpoint::connect_lazy("container", "unused", "unix:///nonexistent.sock", "").unwrap()),
+            container_id: "c".into(),
+            pod_ip: "127.0.0.1".into(),
+            ports: vec![core::ContainerPort {
+                name: Some("https".into()),
+                container_port: i32::from(port),
+                ..Default::default()
+            }],
+        };
+        assert_eq!(run(&action, &target, Duration::from_secs(5)).await, Outcome::Success);
+        assert!(served.await.unwrap().0.starts_with("GET /live HTTP/1.1\r\n"));
     }
 
     #[tokio::test]
