@@ -1,6 +1,8 @@
 //! One CRI endpoint: its name, workload type and the gRPC clients of its runtime and image services.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -36,6 +38,9 @@ pub struct Endpoint {
     pub configured_handlers: Vec<String>,
     pub runtime: RuntimeServiceClient<Channel>,
     pub images: ImageServiceClient<Channel>,
+    /// True while the runtime's container event stream is connected: its pods' workers are then
+    /// woken by events and need to look on their own only now and then.
+    pub events_live: Arc<AtomicBool>,
 }
 
 impl Endpoint {
@@ -61,6 +66,7 @@ impl Endpoint {
             configured_handlers: Vec::new(),
             runtime: RuntimeServiceClient::new(runtime).max_decoding_message_size(MAX_MESSAGE),
             images: ImageServiceClient::new(images).max_decoding_message_size(MAX_MESSAGE),
+            events_live: Arc::new(AtomicBool::new(false)),
         })
     }
 }

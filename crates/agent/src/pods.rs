@@ -30,6 +30,7 @@ mod worker;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -345,12 +346,21 @@ async fn listen_for_container_events(ctx: Arc<Context>) {
     }
 }
 
+fn wake_all(ctx: &Context) {
+    for w in ctx.wakers.lock().unwrap_or_else(|e| e.into_inner()).values() {
+        w.notify_one();
+    }
+}
+
 async fn follow_events(ctx: Arc<Context>, ep: Arc<crate::endpoint::Endpoint>) {
     let mut retry = Duration::from_secs(1);
     loop {
         match ep.runtime.clone().get_container_events(k8s_cri::v1::GetEventsRequest {}).await {
             Ok(stream) => {
                 let mut stream = stream.into_inner();
+                // Events missed while the stream was down: every worker looks once.
+                ep.events_live.store(true, Ordering::Relaxed);
+                wake_all(&ctx);
                 while let Some(Ok(event)) = stream.next().await {
                     retry = Duration::from_secs(1);
                     let uid = event
@@ -368,6 +378,9 @@ async fn follow_events(ctx: Arc<Context>, ep: Arc<crate::endpoint::Endpoint>) {
                         w.notify_one();
                     }
                 }
+                // Polling again until the stream is back.
+                ep.events_live.store(false, Ordering::Relaxed);
+                wake_all(&ctx);
             }
             Err(status) if status.code() == tonic::Code::Unimplemented => {
                 tracing::debug!(endpoint = %ep.name, "runtime has no container events; polling only");

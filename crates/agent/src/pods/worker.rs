@@ -25,6 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -55,8 +56,11 @@ use super::volumes::{self, Prepared};
 use crate::endpoint::Endpoint;
 use crate::runtimes::{RuntimeManager, SERVICE_ANNOTATION, SelectError};
 
-/// How often a running pod is looked at without being woken (runtime events wake it sooner).
+/// How often a running pod is looked at without being woken, on a runtime without a connected
+/// container event stream (containerd 1.6 has none).
 pub const POLL: Duration = Duration::from_secs(10);
+/// The same on a runtime whose events wake the pod: kubelet's default sync frequency.
+pub const RESYNC: Duration = Duration::from_secs(60);
 /// How often configMap, secret and downwardAPI volumes are rewritten from the API.
 const VOLUME_REFRESH: Duration = Duration::from_secs(60);
 /// How soon a container that could not start for want of something (a ConfigMap, a Secret, a
@@ -566,7 +570,8 @@ impl Worker {
             let until_wake = wake_at
                 .map(|w| Duration::try_from(w.duration_since(Timestamp::now())).unwrap_or_default())
                 .map(|d| d + Duration::from_millis(50));
-            return Ok(Acted::Next(Next::After(until_wake.map_or(POLL, |d| d.min(POLL)))));
+            let poll = if rt.endpoint.events_live.load(Ordering::Relaxed) { RESYNC } else { POLL };
+            return Ok(Acted::Next(Next::After(until_wake.map_or(poll, |d| d.min(poll)))));
         }
         let mut progressed = false;
         // The containers started, while nothing else was done.
