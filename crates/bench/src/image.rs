@@ -180,13 +180,7 @@ pub async fn run(args: ImageArgs) -> anyhow::Result<()> {
 
     let report = Report { size_mb: args.size_mb, layers: args.layers, compressed, uncompressed, reference, runs };
     report.print();
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.to_json())? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("figures written to {}", path.display());
-    }
-    eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(())
+    crate::finish_run(args.json.as_deref(), || report.to_json(), started)
 }
 
 struct Report {

@@ -10,7 +10,7 @@ mod raw_etcd;
 mod report;
 mod stats;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -113,8 +113,18 @@ async fn api_bench(args: ApiArgs) -> anyhow::Result<()> {
         figures,
     };
     report.print();
-    if let Some(path) = &args.json {
-        report.write_json(path).with_context(|| format!("writing {}", path.display()))?;
+    crate::finish_run(args.json.as_deref(), || report.to_json(), started)
+}
+
+/// Writes a run's figures as JSON where asked, and says how long the run took.
+fn finish_run(
+    json: Option<&Path>,
+    figures: impl FnOnce() -> serde_json::Value,
+    started: Instant,
+) -> anyhow::Result<()> {
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&figures())? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("figures written to {}", path.display());
     }
     eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());

@@ -1,7 +1,5 @@
 //! The printed table, the headline ratios and the JSON file.
 
-use std::path::Path;
-
 use serde_json::{Value, json};
 
 use crate::stats::Figure;
@@ -111,10 +109,5 @@ impl Report {
             "watch_p99_target_ms": WATCH_P99_TARGET_MS,
             "watch_p99": watch,
         })
-    }
-
-    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
-        std::fs::write(path, serde_json::to_string_pretty(&self.to_json())? + "\n")?;
-        Ok(())
     }
 }

@@ -415,7 +415,7 @@ impl Worker {
                 status.phase = Some("Failed".into());
                 status.reason = Some("RuntimeClassNotFound".into());
                 status.message = Some(message);
-                self.write_status(status).await?;
+                self.write_status(status, false).await?;
                 self.state = State::Finished { stopped: true };
                 return Ok(Next::Idle);
             }
@@ -518,9 +518,8 @@ impl Worker {
 
     /// Plans from `instances`, reports the status, and takes the plan's steps.
     async fn act(&mut self, rt: &PodRuntime, instances: &mut Vec<Instance>) -> Result<Acted, WorkerError> {
-        let rt = rt.clone();
         let sandbox_id = rt.sandbox.as_ref().map(|s| s.id.clone()).unwrap_or_default();
-        self.sync_probes(&rt, instances);
+        self.sync_probes(rt, instances);
         let mut probes = plan::ProbeView::default();
         for (id, task) in &self.probes {
             let r = task.sink.results.lock().unwrap_or_else(|e| e.into_inner());
@@ -565,7 +564,7 @@ impl Worker {
             self.state = State::Finished { stopped: false };
             return Ok(Acted::Next(Next::Now));
         }
-        self.collect_old_instances(&rt, instances).await?;
+        self.collect_old_instances(rt, instances).await?;
         if plan.steps.is_empty() {
             let until_wake = wake_at
                 .map(|w| Duration::try_from(w.duration_since(Timestamp::now())).unwrap_or_default())
@@ -574,8 +573,7 @@ impl Worker {
             return Ok(Acted::Next(Next::After(until_wake.map_or(poll, |d| d.min(poll)))));
         }
         let mut progressed = false;
-        // The containers started, while nothing else was done.
-        let mut started = Some(Vec::new());
+        let mut started = Vec::new();
         for step in plan.steps {
             match step {
                 Step::Kill { id, name } => {
@@ -594,9 +592,8 @@ impl Worker {
                     self.probes.remove(&id);
                     let grace = self.spec().termination_grace_period_seconds.unwrap_or(30);
                     let c = self.container_spec(&name).cloned();
-                    stop_with_hook(&rt, &id, c.as_ref(), self.target(&rt, &id, c.as_ref()), grace, None).await?;
+                    stop_with_hook(rt, &id, c.as_ref(), self.target(rt, &id, c.as_ref()), grace, None).await?;
                     progressed = true;
-                    started = None;
                 }
                 Step::Replace { id, name, restart_count } => {
                     let init = self.is_init(&name);
@@ -609,19 +606,16 @@ impl Worker {
                     self.probes.remove(&id);
                     let grace = self.spec().termination_grace_period_seconds.unwrap_or(30);
                     let c = self.container_spec(&name).cloned();
-                    stop_with_hook(&rt, &id, c.as_ref(), self.target(&rt, &id, c.as_ref()), grace, None).await?;
+                    stop_with_hook(rt, &id, c.as_ref(), self.target(rt, &id, c.as_ref()), grace, None).await?;
                     self.restarts.forget(&name);
-                    self.start_container(&rt, &name, init, restart_count).await?;
+                    self.start_container(rt, &name, init, restart_count).await?;
                     progressed = true;
-                    started = None;
                 }
                 Step::StartCreated { id, name } => {
                     cricalls::start_container(&rt.endpoint, &id).await?;
                     tracing::info!(pod = %self.pod_ref(), container = %name, "started a container created before a restart");
                     progressed = true;
-                    if let Some(ids) = started.as_mut() {
-                        ids.push(id);
-                    }
+                    started.push(id);
                 }
                 Step::Start { name, init, restart_count } => {
                     if restart_count > 0 {
@@ -630,20 +624,16 @@ impl Worker {
                     }
                     // A container that cannot start now (pull, config) does not hold the others up;
                     // an init container does, by being the only step.
-                    if let Some(id) = self.start_container(&rt, &name, init, restart_count).await? {
+                    if let Some(id) = self.start_container(rt, &name, init, restart_count).await? {
                         progressed = true;
-                        if let Some(ids) = started.as_mut() {
-                            ids.push(id);
-                        }
+                        started.push(id);
                     }
                 }
             }
         }
         if progressed {
-            return Ok(match started {
-                Some(ids) => Acted::Started(ids),
-                None => Acted::Next(Next::Now),
-            });
+            // After anything but starts, the whole pod is observed again.
+            return Ok(if only_starts { Acted::Started(started) } else { Acted::Next(Next::Now) });
         }
         if std::mem::take(&mut self.sandbox_suspect) {
             return Ok(Acted::Next(Next::After(Duration::from_millis(200))));
@@ -1257,17 +1247,13 @@ impl Worker {
     ) -> Result<core::PodStatus, WorkerError> {
         let observed = self.observed(instances, terminal);
         let status = status::pod_status(&self.pod, &observed, self.status.as_ref(), Timestamp::now());
-        self.write_status_with(status.clone(), deferred).await?;
+        self.write_status(status.clone(), deferred).await?;
         Ok(status)
     }
 
     /// Records `status` as the pod's and hands it to the pod's status writer when it changed;
     /// does not wait for the API (see [`StatusWriter`]).
-    async fn write_status(&mut self, status: core::PodStatus) -> Result<(), WorkerError> {
-        self.write_status_with(status, false).await
-    }
-
-    async fn write_status_with(&mut self, status: core::PodStatus, deferred: bool) -> Result<(), WorkerError> {
+    async fn write_status(&mut self, status: core::PodStatus, deferred: bool) -> Result<(), WorkerError> {
         if self.status.as_ref() == Some(&status) || !self.in_api {
             self.status = Some(status);
             return Ok(());

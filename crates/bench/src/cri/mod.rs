@@ -167,13 +167,7 @@ pub async fn run(args: CriArgs) -> anyhow::Result<()> {
     drop(host);
     let report = result?;
     report.print();
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.to_json())? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("figures written to {}", path.display());
-    }
-    eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(())
+    crate::finish_run(args.json.as_deref(), || report.to_json(), started)
 }
 
 async fn measure(args: &CriArgs, berth_binary: &Path, session: &mut Session) -> anyhow::Result<Report> {

@@ -258,10 +258,8 @@ impl Cri {
 pub fn oci_runtime(h: &Handler) -> OciRuntime {
     // A bare name is looked up on PATH once here, not by every exec of it (each container start).
     let on_path = || std::env::var_os("PATH").and_then(|path| crate::config::find_on_path(h.binary.to_str()?, &path));
-    let binary = match h.binary.components().count() {
-        1 if !h.binary.is_absolute() => on_path().unwrap_or_else(|| h.binary.clone()),
-        _ => h.binary.clone(),
-    };
+    let bare_name = h.binary.components().count() == 1;
+    let binary = if bare_name { on_path().unwrap_or_else(|| h.binary.clone()) } else { h.binary.clone() };
     let mut rt = OciRuntime::new(binary, Arc::new(ProcessSpawner)).with_global_args(h.args.iter().cloned());
     if let Some(root) = &h.root {
         rt = rt.with_root(root);
