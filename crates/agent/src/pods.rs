@@ -26,6 +26,7 @@ mod spec;
 mod status;
 mod status_writer;
 mod volumes;
+mod wake;
 mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -348,7 +349,7 @@ async fn listen_for_container_events(ctx: Arc<Context>) {
 
 fn wake_all(ctx: &Context) {
     for w in ctx.wakers.lock().unwrap_or_else(|e| e.into_inner()).values() {
-        w.notify_one();
+        w.look();
     }
 }
 
@@ -375,7 +376,7 @@ async fn follow_events(ctx: Arc<Context>, ep: Arc<crate::endpoint::Endpoint>) {
                         .unwrap_or_default();
                     let waker = ctx.wakers.lock().unwrap_or_else(|e| e.into_inner()).get(&uid).cloned();
                     if let Some(w) = waker {
-                        w.notify_one();
+                        w.container_event(event.container_id, event.container_event_type);
                     }
                 }
                 // Polling again until the stream is back.

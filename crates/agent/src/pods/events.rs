@@ -1,13 +1,21 @@
 //! Pod events as kubelet records them (core/v1 Events, source `{component: kubelet, host: NODE}`),
 //! written in the background so that emitting never slows a pod down; a repeat of the same
 //! event on the same object bumps its `count` and `lastTimestamp` instead of adding another.
+//! Each event is written [`WRITE_DELAY`] after it happened (with the time it happened): a pod's
+//! start emits several at once, and the pod's status, which users and controllers wait for,
+//! should reach the API first.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How long after it happened an event is written.
+pub const WRITE_DELAY: Duration = Duration::from_millis(100);
 
 /// The component events are reported as (kubelet's, so that tools filtering on it find them).
 pub const COMPONENT: &str = "kubelet";
@@ -43,7 +51,7 @@ pub struct PodEvent {
 /// Emits events; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Recorder {
-    tx: mpsc::UnboundedSender<PodEvent>,
+    tx: mpsc::UnboundedSender<(PodEvent, Instant, jiff::Timestamp)>,
 }
 
 impl Recorder {
@@ -56,24 +64,29 @@ impl Recorder {
 
     pub fn emit(&self, event: PodEvent) {
         tracing::debug!(pod = %event.pod_name, reason = %event.reason, message = %event.message, "event");
-        let _ = self.tx.send(event);
+        let _ = self.tx.send((event, Instant::now(), jiff::Timestamp::now()));
     }
 }
 
 /// Key for aggregation: the same reason and message about the same object.
 type Key = (String, String, String, String);
 
-async fn write_events(client: kube::Client, node: String, mut rx: mpsc::UnboundedReceiver<PodEvent>) {
+async fn write_events(
+    client: kube::Client,
+    node: String,
+    mut rx: mpsc::UnboundedReceiver<(PodEvent, Instant, jiff::Timestamp)>,
+) {
     // Event name and count of each event written, to count repeats; bounded by dropping all
     // entries now and then (a repeat after that starts a new event, as kubelet's cache does).
     let mut written: HashMap<Key, (String, i32)> = HashMap::new();
-    while let Some(e) = rx.recv().await {
+    while let Some((e, emitted, at)) = rx.recv().await {
+        tokio::time::sleep_until(emitted + WRITE_DELAY).await;
         if written.len() > 4096 {
             written.clear();
         }
         let api: Api<core::Event> = Api::namespaced(client.clone(), &e.namespace);
         let key = (e.pod_uid.clone(), e.field_path.clone(), e.reason.clone(), e.message.clone());
-        let now = Time(jiff::Timestamp::now());
+        let now = Time(at);
         if let Some((name, count)) = written.get_mut(&key) {
             let patch = serde_json::json!({"count": *count + 1, "lastTimestamp": now});
             match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {

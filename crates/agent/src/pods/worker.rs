@@ -53,6 +53,7 @@ use super::spec;
 use super::status::{self, ContainerView, Instance, InstanceState, Observed, Waiting};
 use super::status_writer::StatusWriter;
 use super::volumes::{self, Prepared};
+use super::wake::{self, Expected, Wake};
 use crate::endpoint::Endpoint;
 use crate::runtimes::{RuntimeManager, SERVICE_ANNOTATION, SelectError};
 
@@ -90,7 +91,7 @@ pub struct Context {
     pub memory_capacity: i64,
     pub cpu_millis: i64,
     /// Wakes a pod's worker when its runtime reports a container event, by pod UID.
-    pub wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    pub wakers: Mutex<HashMap<String, Arc<Wake>>>,
     /// Bounds the pods' concurrent status writes and deletions: the client speaks HTTP/1.1, so
     /// each concurrent request is a connection of its own, kept idle in its pool afterwards.
     pub api_writes: Arc<Semaphore>,
@@ -211,7 +212,11 @@ pub struct Worker {
     select_retry: Duration,
     /// Waiting for unlisted runtimes was logged.
     reported_unlisted: bool,
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
+    /// Container events this worker caused, which need not wake it.
+    expected: Expected,
+    /// Wakes the worker when a probe's results change.
+    probe_changed: Arc<Notify>,
     /// A container could not be created because the sandbox is going away.
     sandbox_suspect: bool,
     /// The sandbox was found or created by the step before: the next need not ask about it.
@@ -230,7 +235,7 @@ impl Worker {
     /// A worker for a pod of the API (`in_api`) or for an orphan found in a runtime.
     pub fn new(ctx: Arc<Context>, pod: Arc<core::Pod>, in_api: bool) -> Worker {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         ctx.wakers.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone(), wake.clone());
         Worker {
             status: pod.status.clone(),
@@ -251,6 +256,8 @@ impl Worker {
             select_retry: Duration::from_secs(1),
             reported_unlisted: false,
             wake,
+            expected: Expected::default(),
+            probe_changed: Arc::new(Notify::new()),
             sandbox_suspect: false,
             sandbox_just_seen: false,
             pods: None,
@@ -329,16 +336,33 @@ impl Worker {
                 Next::After(d) => d,
                 Next::Idle => Duration::from_secs(3600),
             };
-            tokio::select! {
-                changed = pods.changed() => {
-                    if changed.is_err() {
-                        // The supervisor is gone: the agent is stopping; containers keep running.
-                        break;
+            let deadline = tokio::time::Instant::now() + wait;
+            // Waits for something the worker did not cause itself.
+            let stopping = loop {
+                tokio::select! {
+                    changed = pods.changed() => {
+                        if changed.is_err() {
+                            // The supervisor is gone: the agent is stopping; containers keep running.
+                            break true;
+                        }
+                        let pod = pods.borrow().clone();
+                        match pod {
+                            Some(p) if wake::only_status_changed(&self.pod, &p) => self.pod = p,
+                            _ => break false,
+                        }
                     }
+                    _ = runtime_changes.changed() => break false,
+                    _ = self.probe_changed.notified() => break false,
+                    _ = self.wake.notified() => {
+                        if self.expected.needs_sync(&self.wake) {
+                            break false;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(deadline) => break false,
                 }
-                _ = runtime_changes.changed() => {}
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
+            };
+            if stopping {
+                break;
             }
         }
         self.ctx.wakers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.uid);
@@ -613,6 +637,7 @@ impl Worker {
                 }
                 Step::StartCreated { id, name } => {
                     cricalls::start_container(&rt.endpoint, &id).await?;
+                    self.expected.started(&id);
                     tracing::info!(pod = %self.pod_ref(), container = %name, "started a container created before a restart");
                     progressed = true;
                     started.push(id);
@@ -947,7 +972,7 @@ impl Worker {
             let (uid, path) = (self.uid.clone(), field_path(&c.name, self.is_init(&c.name)));
             let sink = Arc::new(Sink {
                 results: Mutex::new(probe::Results::default()),
-                changed: self.wake.clone(),
+                changed: self.probe_changed.clone(),
                 on_failure: Box::new(move |kind, msg| {
                     events.emit(PodEvent {
                         namespace: ns.clone(),
@@ -1148,6 +1173,7 @@ impl Worker {
                 return Ok(None);
             }
         };
+        self.expected.created(&id);
         self.event(events::Type::Normal, &path, "Created", format!("Created container: {name}"));
         if let Err(e) = cricalls::start_container(&rt.endpoint, &id).await {
             if e.status.code() == tonic::Code::Unavailable {
@@ -1158,6 +1184,7 @@ impl Worker {
             self.waiting.insert(name.to_string(), Waiting::new("RunContainerError", message));
             return Ok(None);
         }
+        self.expected.started(&id);
         self.event(events::Type::Normal, &path, "Started", format!("Started container {name}"));
         self.waiting.remove(name);
         tracing::debug!(pod = %self.pod_ref(), container = %name, id, restart_count, "container started");

@@ -8,12 +8,13 @@
 //! temp dir of this run. For each handler it repeats, pod by pod, one floor sample (`runc run` /
 //! `crun run` / `runsc run` of `true`, plus CNI ADD+DEL), one CRI-only pod (RunPodSandbox,
 //! CreateContainer, StartContainer of `sleep` straight against the runtime) and one pod through
-//! the API, so that the three see the same machine load. Pods of both kinds keep running until
+//! the API, so that the three see the same machine load; the last two swap places every other
+//! time, as a pod that just started still busies the machine for the one after it. Pods of both kinds keep running until
 //! the handler's last one; then the agent is left idle for a moment and its memory read, and all
 //! pods are deleted (through the API, and by CRI for the CRI-only ones) before the next handler.
 //!
 //! The agent's overhead is pod start minus CRI only at p50, and also the median of each pod's
-//! start minus the CRI-only pod measured just before it (which cancels slow drifts of the
+//! start minus the CRI-only pod measured next to it (which cancels slow drifts of the
 //! machine's load). Pods are BestEffort unless
 //! `--cpu-request` is given (kubelet's `cpu.shares` of 2 for their cgroup, which under CPU
 //! contention slows runc's Go `init` and so the start; the CRI-only pods run in the runtime's own
@@ -349,7 +350,8 @@ impl HandlerRun<'_> {
         eprintln!("{handler}: {} warm-up + {n} pods each for floor, CRI only and the agent", self.args.warmup);
         let mut result = HandlerResult::new(handler, n);
         for i in 0..self.args.warmup {
-            if let pods::Ended::Failed(reason) = self.iteration(&format!("w{i}"), logs, watch, uids).await?.start.ended
+            if let pods::Ended::Failed(reason) =
+                self.iteration(&format!("w{i}"), i % 2 == 1, logs, watch, uids).await?.start.ended
             {
                 eprintln!("  warm-up pod {i}: start failed: {reason}");
             }
@@ -360,7 +362,7 @@ impl HandlerRun<'_> {
         let started = Instant::now();
         let mut timed_out = 0;
         for i in 0..n {
-            let sample = self.iteration(&i.to_string(), logs, watch, uids).await?;
+            let sample = self.iteration(&i.to_string(), i % 2 == 1, logs, watch, uids).await?;
             result.pods_created += 1;
             result.floor_run.record(sample.floor_run);
             result.floor_cni.record(sample.floor_cni);
@@ -396,10 +398,13 @@ impl HandlerRun<'_> {
         Ok(result)
     }
 
-    /// One floor sample, one CRI-only pod, one pod through the API.
+    /// One floor sample, then one CRI-only pod and one pod through the API, the pod through the
+    /// API first when `agent_first` (every other iteration: a pod that just started still busies
+    /// the machine, and the second of the two would always pay for it).
     async fn iteration(
         &mut self,
         tag: &str,
+        agent_first: bool,
         logs: &Path,
         watch: &mut pods::StartWatch,
         uids: &mut Vec<String>,
@@ -408,14 +413,22 @@ impl HandlerRun<'_> {
         let id = format!("bench-floor-{handler}-{tag}");
         let (floor_run, floor_cni) =
             tokio::task::block_in_place(|| floor::sample(handler, &floor.dir, &floor.bundle, &floor.cni, &id))?;
+        let name = format!("{handler}-{tag}");
+        let pod = pods::pod(&name, NODE, handler, self.image, self.args.cpu_request.as_deref())?;
+        let mut start = None;
+        if agent_first {
+            start =
+                Some(pods::start(self.api, watch, &pod).await.with_context(|| format!("agent, {handler}, pod {tag}"))?);
+        }
         let spec = PodSpec::sleeping(format!("cri-{handler}-{tag}"), handler, logs, self.image);
         let (cri_at, t0) = (std::time::SystemTime::now(), Instant::now());
         let cri_only = self.runtime.client.start_long_running(&spec).await;
         let cri = t0.elapsed();
         cri_only.with_context(|| format!("CRI only, {handler}, pod {tag}"))?;
-        let name = format!("{handler}-{tag}");
-        let pod = pods::pod(&name, NODE, handler, self.image, self.args.cpu_request.as_deref())?;
-        let start = pods::start(self.api, watch, &pod).await.with_context(|| format!("agent, {handler}, pod {tag}"))?;
+        let start = match start {
+            Some(start) => start,
+            None => pods::start(self.api, watch, &pod).await.with_context(|| format!("agent, {handler}, pod {tag}"))?,
+        };
         uids.push(start.uid.clone());
         if matches!(start.ended, pods::Ended::Failed(_)) {
             for (what, pid) in [("berth agent", self.pids.agent), ("berth server", self.pids.server)] {

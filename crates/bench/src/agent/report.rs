@@ -23,7 +23,7 @@ pub struct HandlerResult {
     pub create: Latencies,
     /// RunPodSandbox + CreateContainer + StartContainer straight against the runtime.
     pub cri: Latencies,
-    /// Per iteration with a clean start: pod start minus the CRI-only pod measured just before
+    /// Per iteration with a clean start: pod start minus the CRI-only pod measured next to
     /// it, in ms (paired, so slow drifts of the machine's load cancel).
     pub paired_ms: Vec<f64>,
     pub floor_run: Latencies,
@@ -184,7 +184,7 @@ impl Report {
         }
         println!();
         println!("agent overhead = pod start − CRI only (p50; p99 in brackets; then the median of each pod's start");
-        println!("minus the CRI-only pod measured just before it):");
+        println!("minus the CRI-only pod measured next to it):");
         for h in &self.handlers {
             let (p50, p99) = h.overhead_ms();
             println!(
