@@ -19,8 +19,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::endpoint::Endpoint;
 
-/// kubelet's probe user agent.
-const USER_AGENT: &str = "kube-probe/1.33";
+/// kubelet's user agents for probes and for lifecycle hooks.
+const PROBE_USER_AGENT: &str = "kube-probe/1.33";
+const HOOK_USER_AGENT: &str = "kube-lifecycle/1.33";
 
 /// The result of one action: success, or failure with what went wrong (kubelet's wording).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct Target {
 pub enum Action {
     Exec(Vec<String>),
     HttpGet(core::HTTPGetAction),
+    /// A lifecycle hook's GET: any response is success (see [`HttpRules::Hook`]).
+    HttpHook(core::HTTPGetAction),
     Tcp(core::TCPSocketAction),
     Sleep(i64),
     /// gRPC probes and anything newer.
@@ -74,7 +77,7 @@ impl Action {
         if let Some(e) = &h.exec {
             Action::Exec(e.command.clone().unwrap_or_default())
         } else if let Some(g) = &h.http_get {
-            Action::HttpGet(g.clone())
+            Action::HttpHook(g.clone())
         } else if let Some(t) = &h.tcp_socket {
             Action::Tcp(t.clone())
         } else if let Some(s) = &h.sleep {
@@ -108,19 +111,8 @@ fn host_port(host: &str, port: u16) -> String {
 pub async fn run(action: &Action, target: &Target, timeout: Duration) -> Outcome {
     match action {
         Action::Exec(cmd) => exec(target, cmd, timeout).await,
-        Action::HttpGet(h) => {
-            let port = match port_number(&h.port, &target.ports) {
-                Ok(p) => p,
-                Err(e) => return Outcome::Failure(e),
-            };
-            let host = h.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| target.pod_ip.clone());
-            // The API server admits only HTTP and HTTPS, and defaults to HTTP.
-            let scheme = if h.scheme.as_deref() == Some("HTTPS") { Scheme::Https } else { Scheme::Http };
-            let path = h.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
-            let headers: Vec<(String, String)> =
-                h.http_headers.iter().flatten().map(|hh| (hh.name.clone(), hh.value.clone())).collect();
-            http_get(scheme, &host, port, &path, &headers, timeout).await
-        }
+        Action::HttpGet(h) => http_action(h, target, HttpRules::Probe, timeout).await,
+        Action::HttpHook(h) => http_action(h, target, HttpRules::Hook, timeout).await,
         Action::Tcp(t) => {
             let port = match port_number(&t.port, &target.ports) {
                 Ok(p) => p,
@@ -135,6 +127,20 @@ pub async fn run(action: &Action, target: &Target, timeout: Duration) -> Outcome
         }
         Action::Unsupported(kind) => Outcome::Failure(format!("{kind} actions are not supported by berth's agent")),
     }
+}
+
+async fn http_action(h: &core::HTTPGetAction, target: &Target, rules: HttpRules, timeout: Duration) -> Outcome {
+    let port = match port_number(&h.port, &target.ports) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Failure(e),
+    };
+    let host = h.host.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| target.pod_ip.clone());
+    // The API server admits only HTTP and HTTPS, and defaults to HTTP.
+    let scheme = if h.scheme.as_deref() == Some("HTTPS") { Scheme::Https } else { Scheme::Http };
+    let path = h.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
+    let headers: Vec<(String, String)> =
+        h.http_headers.iter().flatten().map(|hh| (hh.name.clone(), hh.value.clone())).collect();
+    http_get_with(rules, scheme, &host, port, &path, &headers, timeout).await
 }
 
 async fn exec(target: &Target, cmd: &[String], timeout: Duration) -> Outcome {
@@ -176,8 +182,19 @@ pub enum Scheme {
     Https,
 }
 
-/// An HTTP/1.1 GET, over TLS for [`Scheme::Https`]: 200–399 is success. Only the status line is read.
-pub async fn http_get(
+/// What an HTTP action's response means, as kubelet has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpRules {
+    /// A probe: 200–399 is success.
+    Probe,
+    /// A lifecycle hook: any response is success, only failing to get one is a failure; an HTTPS
+    /// hook whose server answers in plain HTTP is sent again over HTTP without `Authorization`.
+    Hook,
+}
+
+/// An HTTP/1.1 GET by `rules`, over TLS for [`Scheme::Https`]. Only the status line is read.
+pub async fn http_get_with(
+    rules: HttpRules,
     scheme: Scheme,
     host: &str,
     port: u16,
@@ -185,6 +202,38 @@ pub async fn http_get(
     headers: &[(String, String)],
     timeout: Duration,
 ) -> Outcome {
+    let user_agent = if rules == HttpRules::Hook { HOOK_USER_AGENT } else { PROBE_USER_AGENT };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut result = get_status(scheme, host, port, path, headers, user_agent, deadline).await;
+    if rules == HttpRules::Hook
+        && scheme == Scheme::Https
+        && matches!(&result, Err(e) if e.ends_with(PLAIN_HTTP_ANSWER))
+    {
+        let headers: Vec<_> =
+            headers.iter().filter(|(k, _)| !k.eq_ignore_ascii_case("authorization")).cloned().collect();
+        result = get_status(Scheme::Http, host, port, path, &headers, user_agent, deadline).await;
+    }
+    match result {
+        Err(e) => Outcome::Failure(e),
+        Ok(_) if rules == HttpRules::Hook => Outcome::Success,
+        Ok(code) if (200..400).contains(&code) => Outcome::Success,
+        Ok(code) => Outcome::Failure(format!("HTTP probe failed with statuscode: {code}")),
+    }
+}
+
+/// Go's error for a TLS handshake answered in plain HTTP.
+const PLAIN_HTTP_ANSWER: &str = "http: server gave HTTP response to HTTPS client";
+
+/// The status code of one GET, or the failure in Go's words.
+async fn get_status(
+    scheme: Scheme,
+    host: &str,
+    port: u16,
+    path: &str,
+    headers: &[(String, String)],
+    user_agent: &str,
+    deadline: tokio::time::Instant,
+) -> Result<u16, String> {
     let addr = host_port(host, port);
     let url = match scheme {
         Scheme::Http => format!("http://{addr}{path}"),
@@ -194,7 +243,7 @@ pub async fn http_get(
         let tcp = tokio::net::TcpStream::connect(&addr)
             .await
             .map_err(|e| format!("Get {url:?}: dial tcp {addr}: {}", connect_error(&e)))?;
-        let request = get_request(&addr, path, headers);
+        let request = get_request(&addr, path, headers, user_agent);
         match scheme {
             Scheme::Http => status_code(tcp, &request).await,
             Scheme::Https => {
@@ -207,20 +256,18 @@ pub async fn http_get(
         }
         .map_err(|e| format!("Get {url:?}: {e}"))
     };
-    match tokio::time::timeout(timeout, attempt).await {
-        Err(_) => Outcome::Failure(format!(
-            "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-        )),
-        Ok(Err(e)) => Outcome::Failure(e),
-        Ok(Ok(code)) if (200..400).contains(&code) => Outcome::Success,
-        Ok(Ok(code)) => Outcome::Failure(format!("HTTP probe failed with statuscode: {code}")),
+    match tokio::time::timeout_at(deadline, attempt).await {
+        Err(_) => {
+            Err(format!("Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"))
+        }
+        Ok(r) => r,
     }
 }
 
-fn get_request(addr: &str, path: &str, headers: &[(String, String)]) -> String {
+fn get_request(addr: &str, path: &str, headers: &[(String, String)], user_agent: &str) -> String {
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n");
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("user-agent")) {
-        request.push_str(&format!("User-Agent: {USER_AGENT}\r\n"));
+        request.push_str(&format!("User-Agent: {user_agent}\r\n"));
     }
     if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("accept")) {
         request.push_str("Accept: */*\r\n");
@@ -261,7 +308,7 @@ fn tls_error(e: &io::Error, first_bytes: &[u8]) -> String {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
         Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) => {
             if first_bytes == b"HTTP/" {
-                "http: server gave HTTP response to HTTPS client".into()
+                PLAIN_HTTP_ANSWER.into()
             } else {
                 "tls: first record does not look like a TLS handshake".into()
             }
@@ -407,6 +454,56 @@ pub async fn tcp(host: &str, port: u16, timeout: Duration) -> Outcome {
 mod tests {
     use super::*;
     use tokio::net::TcpListener;
+
+    /// A GET by the probe rules.
+    async fn http_get(
+        scheme: Scheme,
+        host: &str,
+        port: u16,
+        path: &str,
+        headers: &[(String, String)],
+        timeout: Duration,
+    ) -> Outcome {
+        http_get_with(HttpRules::Probe, scheme, host, port, path, headers, timeout).await
+    }
+
+    #[tokio::test]
+    async fn a_hook_get_succeeds_on_any_response_and_says_it_is_kubelets_lifecycle() {
+        let (port, req) = serve_once("500 Internal Server Error").await;
+        let outcome =
+            http_get_with(HttpRules::Hook, Scheme::Http, "127.0.0.1", port, "/stop", &[], Duration::from_secs(2)).await;
+        assert_eq!(outcome, Outcome::Success);
+        assert!(req.await.unwrap().contains("User-Agent: kube-lifecycle/1.33\r\n"));
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let outcome =
+            http_get_with(HttpRules::Hook, Scheme::Http, "127.0.0.1", closed, "/", &[], Duration::from_secs(2)).await;
+        assert!(!outcome.is_success(), "no response at all is still a failure");
+    }
+
+    #[tokio::test]
+    async fn an_https_hook_answered_in_plain_http_is_sent_again_over_http_without_authorization() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let second = tokio::spawn(async move {
+            let mut requests = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap();
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+                requests.push(buf[..n].to_vec());
+            }
+            String::from_utf8_lossy(&requests[1]).into_owned()
+        });
+        let headers = vec![("Authorization".to_string(), "Bearer x".to_string()), ("X-A".to_string(), "b".to_string())];
+        let outcome =
+            http_get_with(HttpRules::Hook, Scheme::Https, "127.0.0.1", port, "/h", &headers, Duration::from_secs(5))
+                .await;
+        assert_eq!(outcome, Outcome::Success);
+        let plain = second.await.unwrap();
+        assert!(plain.starts_with("GET /h HTTP/1.1\r\n") && plain.contains("X-A: b\r\n"), "{plain}");
+        assert!(!plain.contains("Authorization"), "{plain}");
+    }
 
     async fn serve_once(status: &'static str) -> (u16, tokio::task::JoinHandle<String>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1502,7 +1502,7 @@ fn hook_failure(action: &Action, container: &str, pod: &str, message: &str) -> S
         Action::Exec(cmd) => format!(
             "Exec lifecycle hook ({cmd:?}) for Container {container:?} in Pod {pod:?} failed - error: {message}"
         ),
-        Action::HttpGet(h) => format!(
+        Action::HttpGet(h) | Action::HttpHook(h) => format!(
             "HTTP lifecycle hook ({}) for Container {container:?} in Pod {pod:?} failed - error: {message}",
             h.path.clone().unwrap_or_default()
         ),
