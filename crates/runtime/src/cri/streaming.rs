@@ -216,6 +216,13 @@ async fn copy_out(
 /// How long a terminal exec waits for the client's first terminal size before it starts.
 const FIRST_SIZE_WAIT: Duration = Duration::from_millis(200);
 
+/// Writes `size` as the `consoleSize` of the OCI process spec in `process_file`.
+fn set_console_size(process_file: &Path, size: berth_stream::TerminalSize) -> std::io::Result<()> {
+    let mut process: serde_json::Value = serde_json::from_slice(&std::fs::read(process_file)?)?;
+    process["consoleSize"] = serde_json::json!({"height": size.height, "width": size.width});
+    std::fs::write(process_file, serde_json::to_vec(&process)?)
+}
+
 /// `runtime exec` of a terminal process, run by `setsid --ctty` on a pty of ours: the OCI
 /// runtime sees a terminal on its stdio, allocates the container's pty and relays it (runc refuses
 /// a console socket unless it detaches, and a detached exec's exit code would be lost), and a
@@ -234,11 +241,16 @@ async fn exec_tty(
         let _ = rustix::termios::tcsetwinsize(master, ws);
     };
     let mut resize = streams.resize;
-    // Clients send their size first: a command that asks for it at once must not see 0×0.
+    // Clients send their size first: a command that asks for it at once must not see 0×0. The
+    // OCI runtime copies our size to the container's terminal only after the process started,
+    // so the process spec carries it too (`consoleSize`, applied before the process runs).
     if let Some(sizes) = resize.as_mut()
         && let Ok(Some(first)) = tokio::time::timeout(FIRST_SIZE_WAIT, sizes.recv()).await
     {
         set_size(&master, first);
+        if let Err(e) = set_console_size(process_file, first) {
+            tracing::debug!(error = %e, "no initial console size in the exec's process spec");
+        }
     }
     let slave = std::fs::File::from(pty.slave);
     let args = runtime.exec_args(&record.id, &ExecOptions::new(process_file).pid_file(pid_file));
@@ -355,4 +367,22 @@ async fn attach_session(conn: tokio::net::UnixStream, streams: Streams) -> Resul
         let _ = w.shutdown().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_terminal_size_becomes_the_process_specs_console_size_keeping_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("process.json");
+        std::fs::write(&file, br#"{"terminal":true,"args":["sh"]}"#).unwrap();
+        set_console_size(&file, berth_stream::TerminalSize { width: 132, height: 43 }).unwrap();
+        let process: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            process,
+            serde_json::json!({"terminal": true, "args": ["sh"], "consoleSize": {"height": 43, "width": 132}})
+        );
+    }
 }
