@@ -310,10 +310,13 @@ async fn lifecycle(handler: &str) {
     loop {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let gone = !mounts.contains(&sandbox) && !mounts.contains(&id);
-        if gone && !rt.dir.path().join("root/containers").join(&id).exists() {
+        let cgroup = ["memory", "cpu", "pids"]
+            .iter()
+            .any(|c| Path::new("/sys/fs/cgroup").join(c).join("berth").join(&sandbox).exists());
+        if gone && !cgroup && !rt.dir.path().join("root/containers").join(&id).exists() {
             break;
         }
-        assert!(Instant::now() < deadline, "a mount or directory of the pod or container is left");
+        assert!(Instant::now() < deadline, "a mount, cgroup or directory of the pod or container is left");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     rt.shutdown().await;

@@ -550,10 +550,23 @@ impl Cri {
             // directory, which the next start finishes removing (see `Cri::open`).
             self.blocking_state(move || claim.remove().map(drop)).await?;
             let cri = Arc::clone(self);
-            let (id, handler) = (id.clone(), record.handler.clone());
+            let (id, handler, sandbox_id) = (id.clone(), record.handler.clone(), record.sandbox_id.clone());
+            let sandbox_cgroup = self
+                .store
+                .sandbox(&sandbox_id)
+                .ok()
+                .filter(|s| s.cgroup_parent.is_empty())
+                .map(|s| self.sandbox_cgroup(&s));
             self.background.spawn(async move {
                 cri.cleanup_container_files(&id, &handler).await;
                 let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));
+                // The sandbox removed meanwhile could not remove its cgroup while this
+                // container's was in it (see `remove_pod_sandbox`).
+                if let Some(cgroup) = sandbox_cgroup
+                    && cri.store.sandbox(&sandbox_id).is_err()
+                {
+                    host::remove_cgroup(&cgroup);
+                }
             });
         } else {
             self.cleanup_container_files(&id, &record.handler).await;

@@ -244,12 +244,15 @@ impl Cri {
         let claim = store.begin_remove_sandbox(&id)?;
         // A pod without a cgroup parent got its cgroup from the runtime, which removes it; a given
         // parent belongs to whoever gave it (kubelet).
-        if claim.record().cgroup_parent.is_empty() {
-            host::remove_cgroup(&self.sandbox_cgroup(claim.record()));
-        }
+        let own_cgroup = claim.record().cgroup_parent.is_empty().then(|| self.sandbox_cgroup(claim.record()));
         // The stop above unmounted the pod's /dev/shm.
         let _ = std::fs::remove_dir_all(self.sandbox_files_dir(&id));
         self.blocking_state(move || claim.remove().map(drop)).await?;
+        // After the record: a container still being deleted in the background (gVisor) keeps the
+        // cgroup busy, and removes it itself once it finds the sandbox gone.
+        if let Some(cgroup) = own_cgroup {
+            host::remove_cgroup(&cgroup);
+        }
         tracing::info!(sandbox = %id, "pod sandbox removed");
         Ok(cri::RemovePodSandboxResponse {})
     }
