@@ -1,21 +1,14 @@
 //! Pod events as kubelet records them (core/v1 Events, source `{component: kubelet, host: NODE}`),
 //! written in the background so that emitting never slows a pod down; a repeat of the same
 //! event on the same object bumps its `count` and `lastTimestamp` instead of adding another.
-//! Each event is written [`WRITE_DELAY`] after it happened (with the time it happened): a pod's
-//! start emits several at once, and the pod's status, which users and controllers wait for,
-//! should reach the API first.
+//! Each event carries the time it happened, not the time it was written.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-/// How long after it happened an event is written.
-pub const WRITE_DELAY: Duration = Duration::from_millis(100);
 
 /// The component events are reported as (kubelet's, so that tools filtering on it find them).
 pub const COMPONENT: &str = "kubelet";
@@ -51,7 +44,7 @@ pub struct PodEvent {
 /// Emits events; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Recorder {
-    tx: mpsc::UnboundedSender<(PodEvent, Instant, jiff::Timestamp)>,
+    tx: mpsc::UnboundedSender<(PodEvent, jiff::Timestamp)>,
 }
 
 impl Recorder {
@@ -64,7 +57,7 @@ impl Recorder {
 
     pub fn emit(&self, event: PodEvent) {
         tracing::debug!(pod = %event.pod_name, reason = %event.reason, message = %event.message, "event");
-        let _ = self.tx.send((event, Instant::now(), jiff::Timestamp::now()));
+        let _ = self.tx.send((event, jiff::Timestamp::now()));
     }
 }
 
@@ -74,13 +67,12 @@ type Key = (String, String, String, String);
 async fn write_events(
     client: kube::Client,
     node: String,
-    mut rx: mpsc::UnboundedReceiver<(PodEvent, Instant, jiff::Timestamp)>,
+    mut rx: mpsc::UnboundedReceiver<(PodEvent, jiff::Timestamp)>,
 ) {
     // Event name and count of each event written, to count repeats; bounded by dropping all
     // entries now and then (a repeat after that starts a new event, as kubelet's cache does).
     let mut written: HashMap<Key, (String, i32)> = HashMap::new();
-    while let Some((e, emitted, at)) = rx.recv().await {
-        tokio::time::sleep_until(emitted + WRITE_DELAY).await;
+    while let Some((e, at)) = rx.recv().await {
         if written.len() > 4096 {
             written.clear();
         }
