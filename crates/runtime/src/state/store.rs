@@ -973,7 +973,9 @@ mod tests {
         drop(store);
         let sandboxes = dir.path().join("sandboxes");
         fs::write(sandboxes.join(&corrupt.id).join("sandbox.json"), b"{\"id\": ").unwrap();
-        let elsewhere = format!("ff{}", &moved.id[2..]);
+        // Another ID than its own (a random ID may itself start with "ff").
+        let prefix = if moved.id.starts_with("ff") { "ee" } else { "ff" };
+        let elsewhere = format!("{prefix}{}", &moved.id[2..]);
         fs::rename(sandboxes.join(&moved.id), sandboxes.join(&elsewhere)).unwrap();
         fs::remove_file(sandboxes.join(&stray.id).join("sandbox.json")).unwrap();
         fs::write(sandboxes.join(&stray.id).join("resolv.conf"), b"").unwrap();
