@@ -106,8 +106,11 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn apply(&mut self, pod: core::Pod) {
+    fn apply(&mut self, mut pod: core::Pod) {
         let Some(uid) = pod.metadata.uid.clone() else { return };
+        // Server-side apply's bookkeeping: nothing here reads it, and it is a large part of
+        // each pod kept in memory.
+        pod.metadata.managed_fields = None;
         tracing::trace!(pod = ?pod.metadata.name, uid, rv = ?pod.metadata.resource_version, deleting = pod.metadata.deletion_timestamp.is_some(), "pod event");
         let pod = Arc::new(pod);
         self.workers.retain(|_, h| !h.task.is_finished());

@@ -1,14 +1,12 @@
-//! What wakes a resting pod worker besides its timer: the runtime's container events for its
-//! pod, a reason to look at everything again (the event stream connecting or dropping), and
-//! pod updates from the API. A worker is not woken by what it caused itself — the CREATED and
-//! STARTED events of containers it just created and started, or its own status coming back
-//! through the watch — so that each start costs one sync, not three (kubelet's pod config also
-//! ignores status-only updates).
+//! What wakes a resting pod worker through its runtime: the container events of its pod, and a
+//! reason to look at everything again (the event stream connecting or dropping). A worker is not
+//! woken by the CREATED and STARTED events of the containers it just created and started itself,
+//! so that a start costs one sync, not two. (Its own status coming back through the pod watch
+//! does not wake it either: see `changed_for_worker`.)
 
 use std::sync::Mutex;
 
 use k8s_cri::v1 as cri;
-use k8s_openapi::api::core::v1 as core;
 use tokio::sync::Notify;
 
 /// Most self-caused events a worker waits for; older ones are forgotten (a forgotten one only
@@ -91,18 +89,6 @@ impl Expected {
     }
 }
 
-/// True when `new` differs from `old` in nothing a worker acts on: only in its status (or the
-/// bookkeeping that comes with any write).
-pub fn only_status_changed(old: &core::Pod, new: &core::Pod) -> bool {
-    let meta = |p: &core::Pod| {
-        let mut m = p.metadata.clone();
-        m.resource_version = None;
-        m.managed_fields = None;
-        m
-    };
-    old.spec == new.spec && meta(old) == meta(new)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,23 +136,5 @@ mod tests {
         assert!(!expected.needs_sync(&wake));
         wake.container_event("0".into(), Kind::ContainerStartedEvent as i32);
         assert!(expected.needs_sync(&wake));
-    }
-
-    #[test]
-    fn a_pod_whose_status_alone_changed_needs_no_sync_but_a_deletion_or_label_does() {
-        let mut old = core::Pod::default();
-        old.metadata.resource_version = Some("1".into());
-        old.spec = Some(core::PodSpec { node_name: Some("n".into()), ..Default::default() });
-        let mut new = old.clone();
-        new.metadata.resource_version = Some("2".into());
-        new.status = Some(core::PodStatus { phase: Some("Running".into()), ..Default::default() });
-        assert!(only_status_changed(&old, &new));
-        let mut deleting = new.clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()));
-        assert!(!only_status_changed(&old, &deleting));
-        let mut labelled = new.clone();
-        labelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
-        assert!(!only_status_changed(&old, &labelled));
     }
 }

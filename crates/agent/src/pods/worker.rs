@@ -53,7 +53,7 @@ use super::spec;
 use super::status::{self, ContainerView, Instance, InstanceState, Observed, Waiting};
 use super::status_writer::StatusWriter;
 use super::volumes::{self, Prepared};
-use super::wake::{self, Expected, Wake};
+use super::wake::{Expected, Wake};
 use crate::endpoint::Endpoint;
 use crate::runtimes::{RuntimeManager, SERVICE_ANNOTATION, SelectError};
 
@@ -340,17 +340,9 @@ impl Worker {
             // Waits for something the worker did not cause itself.
             let stopping = loop {
                 tokio::select! {
-                    changed = pods.changed() => {
-                        if changed.is_err() {
-                            // The supervisor is gone: the agent is stopping; containers keep running.
-                            break true;
-                        }
-                        let pod = pods.borrow().clone();
-                        match pod {
-                            Some(p) if wake::only_status_changed(&self.pod, &p) => self.pod = p,
-                            _ => break false,
-                        }
-                    }
+                    // The supervisor is gone when this fails: the agent is stopping; containers
+                    // keep running.
+                    changed = pods.changed() => break changed.is_err(),
                     _ = runtime_changes.changed() => break false,
                     _ = self.probe_changed.notified() => break false,
                     _ = self.wake.notified() => {
