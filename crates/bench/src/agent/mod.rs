@@ -73,7 +73,7 @@ pub struct AgentArgs {
     #[arg(long)]
     cpu_request: Option<String>,
     /// Seconds the agent is left alone with the pods running before its memory is read; longer
-    /// than the agent's 10 s period of giving free heap and touched code pages back.
+    /// than the agent's 3 s period of giving free heap and touched code pages back.
     #[arg(long, default_value_t = 12)]
     settle: u64,
     /// `BERTH_LOG` of the agent (its log stays in the run directory while it runs).

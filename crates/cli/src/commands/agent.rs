@@ -43,8 +43,10 @@ pub struct Args {
     root_dir: Option<PathBuf>,
 }
 
-/// How often the agent gives back free heap and the code pages it touched since.
-const AGENT_TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often the agent gives back free heap and the code pages it touched since (one read of
+/// /proc/self/smaps and a few madvise calls; what its periodic work uses faults back in from the
+/// page cache).
+const AGENT_TRIM_PERIOD: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let absolute = |p: Option<PathBuf>, flag: &str| -> anyhow::Result<Option<PathBuf>> {
