@@ -61,8 +61,12 @@ impl Recorder {
     }
 }
 
-/// Key for aggregation: the same reason and message about the same object.
-type Key = (String, String, String, String);
+/// Key for aggregation: the same reason and message about the same object, hashed (the cache
+/// holds thousands of entries, and four strings each would be most of it).
+fn key(e: &PodEvent) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one((&e.pod_uid, &e.field_path, &e.reason, &e.message))
+}
 
 async fn write_events(
     client: kube::Client,
@@ -71,13 +75,13 @@ async fn write_events(
 ) {
     // Event name and count of each event written, to count repeats; bounded by dropping all
     // entries now and then (a repeat after that starts a new event, as kubelet's cache does).
-    let mut written: HashMap<Key, (String, i32)> = HashMap::new();
+    let mut written: HashMap<u64, (String, i32)> = HashMap::new();
     while let Some((e, at)) = rx.recv().await {
         if written.len() > 4096 {
             written.clear();
         }
         let api: Api<core::Event> = Api::namespaced(client.clone(), &e.namespace);
-        let key = (e.pod_uid.clone(), e.field_path.clone(), e.reason.clone(), e.message.clone());
+        let key = key(&e);
         let now = Time(at);
         if let Some((name, count)) = written.get_mut(&key) {
             let patch = serde_json::json!({"count": *count + 1, "lastTimestamp": now});
