@@ -9,9 +9,10 @@
 //! `crun run` / `runsc run` of `true`, plus CNI ADD+DEL), one CRI-only pod (RunPodSandbox,
 //! CreateContainer, StartContainer of `sleep` straight against the runtime) and one pod through
 //! the API, so that the three see the same machine load; the last two swap places every other
-//! time, as a pod that just started still busies the machine for the one after it. Pods of both kinds keep running until
-//! the handler's last one; then the agent is left idle for a moment and its memory read, and all
-//! pods are deleted (through the API, and by CRI for the CRI-only ones) before the next handler.
+//! time, as a pod that just started still busies the machine for the one after it. Pods of both
+//! kinds keep running until the handler's last one; then the agent is left idle for a moment and
+//! its memory read, and all pods are deleted (through the API, and by CRI for the CRI-only ones)
+//! before the next handler.
 //!
 //! The agent's overhead is pod start minus CRI only at p50, and also the median of each pod's
 //! start minus the CRI-only pod measured next to it (which cancels slow drifts of the

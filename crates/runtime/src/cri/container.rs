@@ -551,12 +551,7 @@ impl Cri {
             self.blocking_state(move || claim.remove().map(drop)).await?;
             let cri = Arc::clone(self);
             let (id, handler, sandbox_id) = (id.clone(), record.handler.clone(), record.sandbox_id.clone());
-            let sandbox_cgroup = self
-                .store
-                .sandbox(&sandbox_id)
-                .ok()
-                .filter(|s| s.cgroup_parent.is_empty())
-                .map(|s| self.sandbox_cgroup(&s));
+            let sandbox_cgroup = self.store.sandbox(&sandbox_id).ok().and_then(|s| self.own_sandbox_cgroup(&s));
             self.background.spawn(async move {
                 cri.cleanup_container_files(&id, &handler).await;
                 let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));

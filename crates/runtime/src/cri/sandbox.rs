@@ -242,9 +242,7 @@ impl Cri {
         }
         let store = self.store.clone();
         let claim = store.begin_remove_sandbox(&id)?;
-        // A pod without a cgroup parent got its cgroup from the runtime, which removes it; a given
-        // parent belongs to whoever gave it (kubelet).
-        let own_cgroup = claim.record().cgroup_parent.is_empty().then(|| self.sandbox_cgroup(claim.record()));
+        let own_cgroup = self.own_sandbox_cgroup(claim.record());
         // The stop above unmounted the pod's /dev/shm.
         let _ = std::fs::remove_dir_all(self.sandbox_files_dir(&id));
         self.blocking_state(move || claim.remove().map(drop)).await?;

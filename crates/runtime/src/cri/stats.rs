@@ -186,7 +186,13 @@ impl Cri {
 
     /// The pod's cgroup: the parent its containers were created under.
     pub(crate) fn sandbox_cgroup(&self, record: &SandboxRecord) -> String {
-        if record.cgroup_parent.is_empty() { format!("/berth/{}", record.id) } else { record.cgroup_parent.clone() }
+        self.own_sandbox_cgroup(record).unwrap_or_else(|| record.cgroup_parent.clone())
+    }
+
+    /// The pod's cgroup when the runtime made it (no cgroup parent given), and so removes it; a
+    /// given parent belongs to whoever gave it (kubelet).
+    pub(crate) fn own_sandbox_cgroup(&self, record: &SandboxRecord) -> Option<String> {
+        record.cgroup_parent.is_empty().then(|| format!("/berth/{}", record.id))
     }
 
     fn sandbox_stats_of(&self, record: &SandboxRecord) -> cri::PodSandboxStats {
