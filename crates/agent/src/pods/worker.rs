@@ -221,6 +221,12 @@ pub struct Worker {
     sandbox_suspect: bool,
     /// The sandbox was found or created by the step before: the next need not ask about it.
     sandbox_just_seen: bool,
+    /// Every runtime's pods were listed and none was this pod's, and no sandbox was asked for
+    /// since: listing the pod's sandboxes and containers would find nothing (a pod new here).
+    nothing_on_node: bool,
+    /// Images of the containers the pod starts first, looked up while its sandbox was created:
+    /// image → its ID, `None` when not present. Taken by the next starts, then dropped.
+    images_looked_up: HashMap<String, Option<String>>,
     /// The supervisor's channel of pod updates, once running.
     pods: Option<watch::Receiver<Option<Arc<core::Pod>>>>,
     /// Writes the status to the API, from the first write on.
@@ -260,6 +266,8 @@ impl Worker {
             probe_changed: Arc::new(Notify::new()),
             sandbox_suspect: false,
             sandbox_just_seen: false,
+            nothing_on_node: false,
+            images_looked_up: HashMap::new(),
             pods: None,
             status_writer: None,
         }
@@ -437,6 +445,8 @@ impl Worker {
             }
         };
         let pinned = self.pod.metadata.annotations.as_ref().and_then(|a| a.get(SERVICE_ANNOTATION)).cloned();
+        self.nothing_on_node =
+            self.ctx.runtimes.endpoint_name_of(&self.uid).is_none() && self.ctx.runtimes.uninventoried().is_empty();
         let endpoint = match self.ctx.runtimes.endpoint_of(&self.uid) {
             Some(ep) => ep,
             None if self.may_run_on_an_unlisted_runtime() => {
@@ -483,7 +493,7 @@ impl Worker {
             self.report(&[], false).await?;
             return Ok(next);
         }
-        let mut instances = self.observe(&rt).await?;
+        let mut instances = if self.nothing_on_node { Vec::new() } else { self.observe(&rt).await? };
         let sandbox_ok = rt.sandbox.as_ref().is_some_and(|s| s.ready);
         let sandbox_ok = sandbox_ok && (std::mem::take(&mut self.sandbox_just_seen) || self.check_sandbox(&rt).await?);
         if !sandbox_ok {
@@ -648,6 +658,8 @@ impl Worker {
                 }
             }
         }
+        // Looked up for these starts only: an image may be removed later.
+        self.images_looked_up.clear();
         if progressed {
             // After anything but starts, the whole pod is observed again.
             return Ok(if only_starts { Acted::Started(started) } else { Acted::Next(Next::Now) });
@@ -789,7 +801,8 @@ impl Worker {
     async fn ensure_sandbox(&mut self, instances: &[Instance]) -> Result<SandboxOutcome, WorkerError> {
         let Some(rt) = self.rt.clone() else { return Ok(SandboxOutcome::Retry(Next::Now)) };
         let ep = &rt.endpoint;
-        let mut sandboxes = cricalls::list_sandboxes(ep, Some(&self.uid)).await?;
+        let mut sandboxes =
+            if self.nothing_on_node { Vec::new() } else { cricalls::list_sandboxes(ep, Some(&self.uid)).await? };
         sandboxes.sort_by_key(|s| std::cmp::Reverse((s.metadata.as_ref().map_or(0, |m| m.attempt), s.created_at)));
         let ready = sandboxes.iter().find(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
         if let Some(found) = ready {
@@ -831,10 +844,21 @@ impl Worker {
         let attempt = sandboxes.first().map_or(0, |s| s.metadata.as_ref().map_or(0, |m| m.attempt) + 1);
         let cgroup = self.create_cgroup();
         let config = spec::sandbox_config(&self.pod, attempt, &self.ctx.pod_log_dir, &self.ctx.host_dns, &cgroup);
+        // From here on, a sandbox may exist: later steps list what there is.
+        self.nothing_on_node = false;
         let started = std::time::Instant::now();
-        match cricalls::run_sandbox(ep, config.clone(), &rt.handler).await {
-            Ok(id) => {
-                let ips = sandbox_ips(cricalls::sandbox_status(ep, &id).await?.as_ref());
+        let create = async {
+            let id = cricalls::run_sandbox(ep, config.clone(), &rt.handler).await?;
+            let status = cricalls::sandbox_status(ep, &id).await;
+            Ok::<_, CriError>((id, status))
+        };
+        // The sandbox takes tens of milliseconds: the first containers' images are looked up
+        // meanwhile instead of after it.
+        let (created, looked_up) = tokio::join!(create, look_up_images(ep, self.first_images(), &rt.handler));
+        self.images_looked_up = looked_up;
+        match created {
+            Ok((id, status)) => {
+                let ips = sandbox_ips(status?.as_ref());
                 tracing::info!(pod = %self.pod_ref(), sandbox = %id, handler = %rt.handler, endpoint = %ep.name, took = ?started.elapsed(), "sandbox created");
                 self.set_sandbox(Sandbox { id, config, ips, ready: true });
                 Ok(SandboxOutcome::Ready)
@@ -850,6 +874,24 @@ impl Worker {
                 Ok(SandboxOutcome::Retry(Next::After(Duration::from_secs(5))))
             }
         }
+    }
+
+    /// The images of the containers a new sandbox starts first (the first init container, or
+    /// else every container) that are looked up before a pull; each once.
+    fn first_images(&self) -> Vec<String> {
+        let spec = self.spec();
+        let first = match spec.init_containers.as_deref() {
+            Some([init, ..]) => std::slice::from_ref(init),
+            _ => spec.containers.as_slice(),
+        };
+        let mut out: Vec<String> = Vec::new();
+        for c in first.iter().filter(|c| images::pull_policy(c) != PullPolicy::Always) {
+            let image = c.image.clone().unwrap_or_default();
+            if !out.contains(&image) {
+                out.push(image);
+            }
+        }
+        out
     }
 
     /// The pod's cgroup (kubelet's cgroupfs layout by QoS class).
@@ -996,14 +1038,18 @@ impl Worker {
         let ep = &rt.endpoint;
         let policy = images::pull_policy(c);
         if policy != PullPolicy::Always {
-            if let Some(found) = cricalls::image_status(ep, &image, &rt.handler).await? {
+            let found = match self.images_looked_up.remove(&image) {
+                Some(found) => found,
+                None => cricalls::image_status(ep, &image, &rt.handler).await?.map(|i| i.id),
+            };
+            if let Some(found) = found {
                 self.event(
                     events::Type::Normal,
                     path,
                     "Pulled",
                     format!("Container image {image:?} already present on machine"),
                 );
-                return Ok(Some(found.id));
+                return Ok(Some(found));
             }
             if policy == PullPolicy::Never {
                 let message = format!("Container image {image:?} is not present with pull policy of Never");
@@ -1430,6 +1476,22 @@ enum Acted {
 }
 
 /// Newest first within each container name.
+/// Asks `ep` about each image at once: image → its ID (`None`: not present). An image whose
+/// lookup failed is left out, to be asked again when needed.
+async fn look_up_images(ep: &Endpoint, images: Vec<String>, handler: &str) -> HashMap<String, Option<String>> {
+    let lookups = images.into_iter().map(|image| async move {
+        let found = cricalls::image_status(ep, &image, handler).await;
+        (image, found)
+    });
+    let mut out = HashMap::new();
+    for (image, found) in futures::future::join_all(lookups).await {
+        if let Ok(found) = found {
+            out.insert(image, found.map(|i| i.id));
+        }
+    }
+    out
+}
+
 fn sort_instances(instances: &mut [Instance]) {
     instances.sort_by(|a, b| {
         a.name.cmp(&b.name).then(b.restart_count.cmp(&a.restart_count)).then(b.created_at.cmp(&a.created_at))
