@@ -116,12 +116,14 @@ impl Supervisor {
         self.workers.retain(|_, h| !h.task.is_finished());
         match self.workers.get(&uid) {
             Some(h) => {
-                // The worker's own status writes come back through the watch: they update the
-                // pod it sees without waking it.
+                // The worker's own status writes come back through the watch. They are dropped:
+                // the worker keeps its own status, and the pod it holds stays the one copy.
                 h.pods.send_if_modified(|current| {
-                    let wake = current.as_deref().is_none_or(|old| changed_for_worker(old, &pod));
-                    *current = Some(pod);
-                    wake
+                    let changed = current.as_deref().is_none_or(|old| changed_for_worker(old, &pod));
+                    if changed {
+                        *current = Some(pod);
+                    }
+                    changed
                 });
             }
             None => self.start(uid, pod, true),
