@@ -353,7 +353,8 @@ impl Cni {
         }
     }
 
-    /// Attaches the container: loopback on `lo`, then the configured network on its interface.
+    /// Attaches the container: loopback on `lo` and, at the same time, the configured network on
+    /// its interface (the two touch different interfaces; each plugin exec costs milliseconds).
     ///
     /// On failure every plugin's DEL is run (in reverse order, also for plugins that did not get
     /// to run, as the spec asks), and the error names the plugin that failed.
@@ -389,13 +390,15 @@ impl Cni {
         };
 
         let mut last = None;
-        let mut outcome = Ok(());
-        if let (Some(lo), Some(lo_bins)) = (&loopback, &loopback_binaries) {
-            outcome = self.run_add(&invocation(LOOPBACK_IFNAME), lo, lo_bins, &mut None);
-        }
-        if outcome.is_ok() {
-            outcome = self.run_add(&invocation(&attachment.ifname), &list, &binaries, &mut last);
-        }
+        let outcome = std::thread::scope(|scope| {
+            let lo = loopback.as_ref().zip(loopback_binaries.as_ref()).map(|(lo, bins)| {
+                let lo_invocation = invocation(LOOPBACK_IFNAME);
+                scope.spawn(move || self.run_add(&lo_invocation, lo, bins, &mut None))
+            });
+            let network = self.run_add(&invocation(&attachment.ifname), &list, &binaries, &mut last);
+            let lo = lo.map_or(Ok(()), |h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            lo.and(network)
+        });
         let parsed = outcome.and_then(|()| {
             let (plugin, raw) = last.clone().ok_or_else(|| CniError::InvalidResult {
                 plugin: list.plugins.last().map(|p| p.plugin_type.clone()).unwrap_or_default(),
@@ -537,7 +540,8 @@ impl Cni {
         Ok(())
     }
 
-    /// Runs DEL for every plugin of the entry's networks, then drops the entry.
+    /// Runs DEL for every plugin of the entry's networks (the network's in reverse order, and
+    /// loopback's at the same time), then drops the entry.
     fn del_entry(&self, entry: &CacheEntry) -> Result<(), CniError> {
         let list = NetworkConfigList::from_json(entry.network.clone(), &self.cache_path(&entry.container_id))?;
         let binaries = self.resolve(&list)?;
@@ -553,23 +557,25 @@ impl Cni {
             port_mappings: &entry.port_mappings,
         };
         // Every plugin gets its DEL even when an earlier one failed; the first error is returned.
-        let mut first_error = None;
-        let main = invocation(&entry.ifname);
-        for (plugin, binary) in list.plugins.iter().zip(&binaries).rev() {
-            if let Err(error) = self.exec(&main, &list, plugin, binary, entry.result.as_ref()) {
-                first_error.get_or_insert(error);
+        let (network_error, lo_error) = std::thread::scope(|scope| {
+            let lo = entry.loopback.then(|| {
+                let lo_invocation = invocation(LOOPBACK_IFNAME);
+                scope.spawn(move || {
+                    let lo = loopback_network();
+                    self.resolve(&lo).and_then(|bins| self.exec(&lo_invocation, &lo, &lo.plugins[0], &bins[0], None))
+                })
+            });
+            let mut first_error = None;
+            let main = invocation(&entry.ifname);
+            for (plugin, binary) in list.plugins.iter().zip(&binaries).rev() {
+                if let Err(error) = self.exec(&main, &list, plugin, binary, entry.result.as_ref()) {
+                    first_error.get_or_insert(error);
+                }
             }
-        }
-        if entry.loopback {
-            let lo = loopback_network();
-            let outcome = self
-                .resolve(&lo)
-                .and_then(|bins| self.exec(&invocation(LOOPBACK_IFNAME), &lo, &lo.plugins[0], &bins[0], None));
-            if let Err(error) = outcome {
-                first_error.get_or_insert(error);
-            }
-        }
-        if let Some(error) = first_error {
+            let lo = lo.map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            (first_error, lo.and_then(Result::err))
+        });
+        if let Some(error) = network_error.or(lo_error) {
             return Err(error);
         }
         self.remove_cache(&entry.container_id)?;
@@ -791,12 +797,27 @@ mod tests {
             Self { fail: Some((plugin, command)), ..Self::default() }
         }
 
-        fn calls(&self) -> Vec<Call> {
+        /// Every run, loopback's included.
+        fn all_calls(&self) -> Vec<Call> {
             self.calls.lock().unwrap().clone()
+        }
+
+        /// The runs of the configured network's plugins: loopback's run beside them, in no
+        /// fixed order with them.
+        fn calls(&self) -> Vec<Call> {
+            self.all_calls().into_iter().filter(|c| c.plugin != "loopback").collect()
+        }
+
+        fn loopback_calls(&self) -> Vec<Call> {
+            self.all_calls().into_iter().filter(|c| c.plugin == "loopback").collect()
         }
 
         fn order(&self) -> Vec<String> {
             self.calls().iter().map(|c| format!("{} {}", c.command(), c.plugin)).collect()
+        }
+
+        fn loopback_order(&self) -> Vec<String> {
+            self.loopback_calls().iter().map(|c| c.command().to_string()).collect()
         }
 
         fn clear(&self) {
@@ -886,13 +907,14 @@ mod tests {
     }
 
     #[test]
-    fn add_runs_loopback_on_lo_then_the_plugins_in_order_with_the_cni_environment() {
+    fn add_runs_loopback_on_lo_beside_the_plugins_in_order_with_the_cni_environment() {
         let f = fixture();
         f.cni.add(&f.attachment("pod1")).unwrap();
-        assert_eq!(f.runner.order(), ["ADD loopback", "ADD bridge", "ADD portmap"]);
+        assert_eq!(f.runner.order(), ["ADD bridge", "ADD portmap"]);
+        assert_eq!(f.runner.loopback_order(), ["ADD"]);
+        assert_eq!(f.runner.loopback_calls()[0].env["CNI_IFNAME"], "lo");
         let calls = f.runner.calls();
-        assert_eq!(calls[0].env["CNI_IFNAME"], "lo");
-        let env = &calls[1].env;
+        let env = &calls[0].env;
         assert_eq!(env["CNI_IFNAME"], "eth0");
         assert_eq!(env["CNI_CONTAINERID"], "pod1");
         assert_eq!(env["CNI_NETNS"], f.dir.path().join("ns").to_string_lossy());
@@ -910,7 +932,8 @@ mod tests {
         let f = fixture();
         f.cni.add(&f.attachment("pod1")).unwrap();
         let calls = f.runner.calls();
-        let (lo, bridge, portmap) = (&calls[0].stdin, &calls[1].stdin, &calls[2].stdin);
+        let lo = &f.runner.loopback_calls()[0].stdin;
+        let (bridge, portmap) = (&calls[0].stdin, &calls[1].stdin);
         assert_eq!((&lo["name"], &lo["type"]), (&json!("cni-loopback"), &json!("loopback")));
         assert_eq!((&bridge["name"], &bridge["cniVersion"]), (&json!("testnet"), &json!("1.0.0")));
         assert_eq!(bridge["bridge"], "br0");
@@ -919,7 +942,7 @@ mod tests {
             portmap["runtimeConfig"],
             json!({"portMappings": [{"hostPort": 18080, "containerPort": 8080, "protocol": "tcp"}]})
         );
-        assert_eq!(portmap["prevResult"], bridge_result(&calls[1].env["CNI_NETNS"]));
+        assert_eq!(portmap["prevResult"], bridge_result(&calls[0].env["CNI_NETNS"]));
     }
 
     #[test]
@@ -940,7 +963,8 @@ mod tests {
         f.runner.clear();
         // The caller no longer knows the ports or the args: the cache does.
         f.cni.del(&Attachment::new("pod1", f.dir.path().join("ns"))).unwrap();
-        assert_eq!(f.runner.order(), ["DEL portmap", "DEL bridge", "DEL loopback"]);
+        assert_eq!(f.runner.order(), ["DEL portmap", "DEL bridge"]);
+        assert_eq!(f.runner.loopback_order(), ["DEL"]);
         let calls = f.runner.calls();
         assert_eq!(calls[0].stdin["prevResult"], added.raw);
         assert_eq!(calls[1].stdin["prevResult"], added.raw);
@@ -960,7 +984,8 @@ mod tests {
         assert_eq!(f.cni.network().unwrap().name, "othernet");
         f.runner.clear();
         f.cni.del(&f.attachment("pod1")).unwrap();
-        assert_eq!(f.runner.order(), ["DEL portmap", "DEL bridge", "DEL loopback"]);
+        assert_eq!(f.runner.order(), ["DEL portmap", "DEL bridge"]);
+        assert_eq!(f.runner.loopback_order(), ["DEL"]);
         assert_eq!(f.runner.calls()[0].stdin["name"], "testnet");
     }
 
@@ -969,7 +994,8 @@ mod tests {
         let f = fixture();
         f.cni.del(&Attachment::new("pod1", "/nonexistent/ns")).unwrap();
         f.cni.del(&Attachment::new("pod1", "/nonexistent/ns")).unwrap();
-        assert_eq!(f.runner.order().len(), 6, "each DEL runs every plugin");
+        assert_eq!(f.runner.order().len(), 4, "each DEL runs every plugin");
+        assert_eq!(f.runner.loopback_order(), ["DEL", "DEL"]);
         let portmap = &f.runner.calls()[0];
         assert_eq!(portmap.plugin, "portmap");
         assert_eq!(portmap.stdin["runtimeConfig"]["portMappings"].as_array().unwrap().len(), 1);
@@ -982,14 +1008,14 @@ mod tests {
         f.cni.add(&Attachment::new("pod1", "/nonexistent/ns")).unwrap();
         f.runner.clear();
         f.cni.del(&Attachment::new("pod1", "/nonexistent/ns")).unwrap();
-        assert!(f.runner.calls().iter().all(|c| c.env["CNI_NETNS"].is_empty()));
+        assert!(f.runner.all_calls().iter().all(|c| c.env["CNI_NETNS"].is_empty()));
     }
 
     #[test]
     fn del_without_a_cache_entry_or_config_does_nothing() {
         let f = fixture_with(FakeRunner::default(), None);
         f.cni.del(&Attachment::new("pod1", "/nonexistent/ns")).unwrap();
-        assert!(f.runner.calls().is_empty());
+        assert!(f.runner.all_calls().is_empty());
     }
 
     #[test]
@@ -999,7 +1025,8 @@ mod tests {
         f.runner.clear();
         let err = f.cni.del(&f.attachment("pod1")).unwrap_err();
         assert!(matches!(&err, CniError::PluginFailed { plugin, command: Command::Del, .. } if plugin == "portmap"));
-        assert_eq!(f.runner.order(), ["DEL portmap", "DEL bridge", "DEL loopback"]);
+        assert_eq!(f.runner.order(), ["DEL portmap", "DEL bridge"]);
+        assert_eq!(f.runner.loopback_order(), ["DEL"]);
         assert!(f.cache_file("pod1").exists());
     }
 
@@ -1015,13 +1042,11 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(err.to_string(), "CNI plugin \"portmap\" ADD failed (code 7): boom: no luck; stderr: plugin trace");
-        assert_eq!(
-            f.runner.order(),
-            ["ADD loopback", "ADD bridge", "ADD portmap", "DEL portmap", "DEL bridge", "DEL loopback"]
-        );
+        assert_eq!(f.runner.order(), ["ADD bridge", "ADD portmap", "DEL portmap", "DEL bridge"]);
+        assert_eq!(f.runner.loopback_order(), ["ADD", "DEL"]);
         // The undo knows what bridge allocated.
         let calls = f.runner.calls();
-        assert_eq!(calls[4].stdin["prevResult"], bridge_result(&calls[1].env["CNI_NETNS"]));
+        assert_eq!(calls[2].stdin["prevResult"], bridge_result(&calls[0].env["CNI_NETNS"]));
         assert!(!f.cache_file("pod1").exists());
     }
 
@@ -1033,7 +1058,7 @@ mod tests {
         assert!(
             matches!(&err, CniError::PluginNotFound { plugin, dirs } if plugin == "nosuchplugin" && dirs.len() == 2)
         );
-        assert!(f.runner.calls().is_empty());
+        assert!(f.runner.all_calls().is_empty());
         assert!(!f.cache_file("pod1").exists());
     }
 
@@ -1061,7 +1086,7 @@ mod tests {
             f.cni.add(&f.attachment("pod1")).unwrap();
             f.runner.clear();
             f.cni.check(&f.attachment("pod1")).unwrap();
-            assert!(f.runner.calls().is_empty(), "{conflist}");
+            assert!(f.runner.all_calls().is_empty(), "{conflist}");
         }
     }
 
@@ -1095,7 +1120,7 @@ mod tests {
             let err = f.cni.add(&attachment).unwrap_err();
             assert!(matches!(err, CniError::InvalidAttachment { .. }), "{attachment:?}");
         }
-        assert!(f.runner.calls().is_empty());
+        assert!(f.runner.all_calls().is_empty());
     }
 
     #[test]
@@ -1104,7 +1129,7 @@ mod tests {
         let netns = RecordingNetns::new("/run/fake-netns");
         let network = f.cni.setup_sandbox(&netns, Attachment::new("pod1", "")).unwrap();
         assert_eq!(network.netns_path, PathBuf::from("/run/fake-netns/pod1"));
-        assert_eq!(f.runner.calls()[1].env["CNI_NETNS"], "/run/fake-netns/pod1");
+        assert_eq!(f.runner.calls()[0].env["CNI_NETNS"], "/run/fake-netns/pod1");
         f.cni.teardown_sandbox(&netns, &Attachment::new("pod1", "/run/fake-netns/pod1")).unwrap();
         f.cni.teardown_sandbox(&netns, &Attachment::new("pod1", "/run/fake-netns/pod1")).unwrap();
         let create = NetnsCall::Create("pod1".into());
@@ -1128,7 +1153,7 @@ mod tests {
         let netns = RecordingNetns::failing_create("/run/fake-netns");
         let err = f.cni.setup_sandbox(&netns, Attachment::new("pod1", "")).unwrap_err();
         assert!(matches!(err, CniError::Netns(NetnsError::Kernel { .. })));
-        assert!(f.runner.calls().is_empty());
+        assert!(f.runner.all_calls().is_empty());
     }
 
     #[test]
