@@ -177,6 +177,8 @@ pub struct ProcMemory {
     pub file: u64,
     /// The peak RSS so far (`VmHWM`).
     pub peak: u64,
+    /// The highest VmRSS of a series of readings this one stands for (else `rss`).
+    pub rss_max: u64,
 }
 
 impl ProcMemory {
@@ -190,7 +192,8 @@ impl ProcMemory {
                 .and_then(|v| v.trim_start_matches(':').trim().trim_end_matches("kB").trim().parse().ok())
                 .with_context(|| format!("no {name} for process {pid}"))
         };
-        Ok(Self { rss: field("VmRSS")?, anon: field("RssAnon")?, file: field("RssFile")?, peak: field("VmHWM")? })
+        let rss = field("VmRSS")?;
+        Ok(Self { rss, anon: field("RssAnon")?, file: field("RssFile")?, peak: field("VmHWM")?, rss_max: rss })
     }
 }
 

@@ -50,6 +50,8 @@ use crate::cri::{HANDLERS, floor};
 const NODE: &str = "bench-node";
 /// The namespace of the bench's pods.
 const NAMESPACE: &str = "berth-bench";
+/// How long the agent's memory is sampled at the end of each settle.
+const MEMORY_WINDOW: Duration = Duration::from_secs(6);
 /// Addresses the runtime's /24 can give out at once, with room for the floor's.
 const ADDRESSES: usize = 250;
 /// Where the agent keeps container logs (kubelet's layout).
@@ -73,8 +75,9 @@ pub struct AgentArgs {
     /// whose cgroups get kubelet's minimum `cpu.shares` of 2.
     #[arg(long)]
     cpu_request: Option<String>,
-    /// Seconds the agent is left alone with the pods running before its memory is read; longer
-    /// than the agent's 3 s period of giving free heap and touched code pages back.
+    /// Seconds the agent is left alone with the pods running before its memory is read; the
+    /// last 6 s of them (two of the agent's 3 s periods of giving free heap and touched code
+    /// pages back) are sampled every 100 ms.
     #[arg(long, default_value_t = 12)]
     settle: u64,
     /// `BERTH_LOG` of the agent (its log stays in the run directory while it runs).
@@ -271,8 +274,7 @@ async fn measure(args: &AgentArgs, berth_binary: &Path, session: &mut Session) -
 
     let api: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
     let mut watch = pods::StartWatch::start(api.clone()).await?;
-    tokio::time::sleep(Duration::from_secs(args.settle)).await;
-    let idle_memory = agent_memory(agent_pid)?;
+    let idle_memory = agent_memory(agent_pid, args.settle).await?;
 
     let floor = Floor { dir: floor_dir, bundle, cni };
     let pids = Pids { agent: agent_pid, server: server_pid };
@@ -305,9 +307,27 @@ async fn measure(args: &AgentArgs, berth_binary: &Path, session: &mut Session) -
 }
 
 /// The agent's memory now, or an error saying that it died.
-fn agent_memory(pid: u32) -> anyhow::Result<ProcMemory> {
-    ensure!(cluster::alive(pid), "berth agent (pid {pid}) exited during the run");
-    ProcMemory::read(pid)
+/// The agent's memory after `settle` seconds: sampled every 100 ms over the last
+/// [`MEMORY_WINDOW`], because one reading depends on where it falls between the agent's trims
+/// (its code pages fault back in within a second of each). The sample with the median VmRSS,
+/// with the highest VmRSS of the window as `rss_max`.
+async fn agent_memory(pid: u32, settle: u64) -> anyhow::Result<ProcMemory> {
+    let settle = Duration::from_secs(settle);
+    tokio::time::sleep(settle.saturating_sub(MEMORY_WINDOW)).await;
+    let mut samples = Vec::new();
+    let end = Instant::now() + settle.min(MEMORY_WINDOW);
+    loop {
+        ensure!(cluster::alive(pid), "berth agent (pid {pid}) exited during the run");
+        samples.push(ProcMemory::read(pid)?);
+        if Instant::now() >= end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    samples.sort_by_key(|m| m.rss);
+    let mut median = samples[samples.len() / 2];
+    median.rss_max = samples.last().map_or(median.rss, |m| m.rss);
+    Ok(median)
 }
 
 /// The floor's bundle and CNI plugins.
@@ -390,12 +410,10 @@ impl HandlerRun<'_> {
         result.server_cpu = Some(cpu_after.1.saturating_sub(cpu_before.1));
         result.wall = started.elapsed();
         // Idle with every pod running: the agent's steady state.
-        tokio::time::sleep(Duration::from_secs(self.args.settle)).await;
-        result.memory = Some(agent_memory(self.pids.agent)?);
+        result.memory = Some(agent_memory(self.pids.agent, self.args.settle).await?);
         self.clear(result.pods_created).await?;
         // What the agent keeps once its pods are gone: retained heap, or state of pods it forgot.
-        tokio::time::sleep(Duration::from_secs(self.args.settle)).await;
-        result.memory_after_delete = Some(agent_memory(self.pids.agent)?);
+        result.memory_after_delete = Some(agent_memory(self.pids.agent, self.args.settle).await?);
         Ok(result)
     }
 

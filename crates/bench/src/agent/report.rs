@@ -138,7 +138,7 @@ fn verdict(ok: Option<bool>) -> &'static str {
 }
 
 fn memory_json(m: &ProcMemory) -> Value {
-    json!({"vm_rss": m.rss, "rss_anon": m.anon, "rss_file": m.file, "vm_hwm": m.peak})
+    json!({"vm_rss": m.rss, "rss_anon": m.anon, "rss_file": m.file, "vm_rss_max": m.rss_max, "vm_hwm": m.peak})
 }
 
 impl Report {
@@ -197,18 +197,28 @@ impl Report {
             );
         }
         println!();
+        println!("agent memory: the median of readings every 100 ms over the last 6 s of each idle period");
+        println!("(max RSS: the highest of them; VmHWM: the peak since the agent started)");
         println!(
-            "{:<40} {:>9} {:>8} {:>9} {:>9} {:>9}  target",
-            "berth agent memory (KiB)", "VmRSS", "MiB", "RssAnon", "RssFile", "VmHWM"
+            "{:<40} {:>9} {:>8} {:>9} {:>9} {:>9} {:>9}  target",
+            "berth agent memory (KiB)", "VmRSS", "MiB", "RssAnon", "RssFile", "max RSS", "VmHWM"
         );
-        println!("{}", "-".repeat(106));
+        println!("{}", "-".repeat(116));
         let row = |what: String, m: &ProcMemory, target: bool| {
             let t = if target {
                 format!("≤ {AGENT_RSS_TARGET_MIB} MiB: {}", verdict(Some(mib(m.rss) <= AGENT_RSS_TARGET_MIB)))
             } else {
                 String::new()
             };
-            println!("{what:<40} {:>9} {:>8.1} {:>9} {:>9} {:>9}  {t}", m.rss, mib(m.rss), m.anon, m.file, m.peak);
+            println!(
+                "{what:<40} {:>9} {:>8.1} {:>9} {:>9} {:>9} {:>9}  {t}",
+                m.rss,
+                mib(m.rss),
+                m.anon,
+                m.file,
+                m.rss_max,
+                m.peak
+            );
         };
         row("node registered, no pods".into(), &self.idle_memory, false);
         for h in &self.handlers {
