@@ -323,6 +323,35 @@ async fn lifecycle(handler: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_container_whose_start_fails_leaves_no_cgroup_behind() {
+    let rt = Runtime::start().await;
+    let image = rt.pull("gvisor").await;
+    let mut c = rt.client().await;
+    let privileged = || cri::LinuxContainerSecurityContext { privileged: true, ..Default::default() };
+    let mut pod = pod_config("gvisor-fails");
+    pod.log_directory = rt.logs().to_string_lossy().into_owned();
+    pod.linux = Some(cri::LinuxPodSandboxConfig {
+        security_context: Some(cri::LinuxSandboxSecurityContext { privileged: true, ..Default::default() }),
+        ..Default::default()
+    });
+    let sandbox = c
+        .run_pod_sandbox(cri::RunPodSandboxRequest { config: Some(pod.clone()), runtime_handler: "gvisor".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_sandbox_id;
+    let mut config = container_config("privileged", &image, "true");
+    config.linux = Some(cri::LinuxContainerConfig { security_context: Some(privileged()), ..Default::default() });
+    let id = create(&mut c, &sandbox, &pod, config).await.unwrap();
+    // This machine's runsc cannot start a privileged container ("cannot read client sync file"),
+    // and leaves the container's cgroup it made; whether or not it starts, nothing may stay.
+    let started = c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await;
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    rt.shutdown().await;
+    assert_eq!(leaks(&[&sandbox, &id]), Vec::<String>::new(), "start: {started:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runc_pod_runs_logs_execs_stops_and_leaves_nothing_behind() {
     lifecycle("runc").await;
 }

@@ -544,6 +544,10 @@ impl Cri {
         self.stop_container_now(&id, 0).await?;
         let claim = self.store.begin_remove_container(&id)?;
         let record = claim.record().clone();
+        // The OCI runtime removes the container's cgroup when it deletes the container, but runsc
+        // leaves it behind when its sandbox failed to start; then the pod's cgroup stays busy too.
+        let sandbox = self.store.sandbox(&record.sandbox_id).ok();
+        let container_cgroup = sandbox.as_ref().map(|s| format!("{}/{id}", self.sandbox_cgroup(s)));
         if self.is_gvisor(&record.handler) {
             // `runsc delete` takes over a second after the app is gone: the record goes now and the
             // host side follows in the background. A crash in between leaves a record-less
@@ -551,10 +555,13 @@ impl Cri {
             self.blocking_state(move || claim.remove().map(drop)).await?;
             let cri = Arc::clone(self);
             let (id, handler, sandbox_id) = (id.clone(), record.handler.clone(), record.sandbox_id.clone());
-            let sandbox_cgroup = self.store.sandbox(&sandbox_id).ok().and_then(|s| self.own_sandbox_cgroup(&s));
+            let sandbox_cgroup = sandbox.as_ref().and_then(|s| self.own_sandbox_cgroup(s));
             self.background.spawn(async move {
                 cri.cleanup_container_files(&id, &handler).await;
                 let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));
+                if let Some(cgroup) = container_cgroup {
+                    host::remove_cgroup(&cgroup);
+                }
                 // The sandbox removed meanwhile could not remove its cgroup while this
                 // container's was in it (see `remove_pod_sandbox`).
                 if let Some(cgroup) = sandbox_cgroup
@@ -565,6 +572,9 @@ impl Cri {
             });
         } else {
             self.cleanup_container_files(&id, &record.handler).await;
+            if let Some(cgroup) = container_cgroup {
+                host::remove_cgroup(&cgroup);
+            }
             self.blocking_state(move || claim.remove().map(drop)).await?;
         }
         self.exits.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
