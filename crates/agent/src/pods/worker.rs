@@ -225,7 +225,7 @@ pub struct Worker {
     /// since: listing the pod's sandboxes and containers would find nothing (a pod new here).
     nothing_on_node: bool,
     /// Images of the containers the pod starts first, looked up while its sandbox was created:
-    /// image → its ID, `None` when not present. Taken by the next starts, then dropped.
+    /// image → its ID, `None` when not present. For the starts of the same step only.
     images_looked_up: HashMap<String, Option<String>>,
     /// The supervisor's channel of pod updates, once running.
     pods: Option<watch::Receiver<Option<Arc<core::Pod>>>>,
@@ -489,6 +489,8 @@ impl Worker {
             self.state = State::Resolve;
             return Ok(Next::Now);
         };
+        // Images looked up in an earlier step may have been removed since.
+        self.images_looked_up.clear();
         if let Some(next) = self.ensure_volumes(&rt).await? {
             self.report(&[], false).await?;
             return Ok(next);
@@ -658,8 +660,6 @@ impl Worker {
                 }
             }
         }
-        // Looked up for these starts only: an image may be removed later.
-        self.images_looked_up.clear();
         if progressed {
             // After anything but starts, the whole pod is observed again.
             return Ok(if only_starts { Acted::Started(started) } else { Acted::Next(Next::Now) });
@@ -1475,7 +1475,6 @@ enum Acted {
     Next(Next),
 }
 
-/// Newest first within each container name.
 /// Asks `ep` about each image at once: image → its ID (`None`: not present). An image whose
 /// lookup failed is left out, to be asked again when needed.
 async fn look_up_images(ep: &Endpoint, images: Vec<String>, handler: &str) -> HashMap<String, Option<String>> {
@@ -1492,6 +1491,7 @@ async fn look_up_images(ep: &Endpoint, images: Vec<String>, handler: &str) -> Ha
     out
 }
 
+/// Newest first within each container name.
 fn sort_instances(instances: &mut [Instance]) {
     instances.sort_by(|a, b| {
         a.name.cmp(&b.name).then(b.restart_count.cmp(&a.restart_count)).then(b.created_at.cmp(&a.created_at))
