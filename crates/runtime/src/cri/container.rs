@@ -14,10 +14,12 @@ use std::time::Duration;
 use berth_image::ImageRecord;
 use berth_oci::spec::{self as oci_spec_gen, ContainerSpec, NamespaceMode};
 use berth_oci::{CreateOptions, ExecOptions, OciError};
+use berth_stream::TerminalSize;
 use k8s_cri::v1 as cri;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
+use super::stats::spec_cgroup;
 use super::{Cri, Error};
 use crate::host;
 use crate::reality::monitor_dir;
@@ -544,10 +546,6 @@ impl Cri {
         self.stop_container_now(&id, 0).await?;
         let claim = self.store.begin_remove_container(&id)?;
         let record = claim.record().clone();
-        // The OCI runtime removes the container's cgroup when it deletes the container, but runsc
-        // leaves it behind when its sandbox failed to start; then the pod's cgroup stays busy too.
-        let sandbox = self.store.sandbox(&record.sandbox_id).ok();
-        let container_cgroup = sandbox.as_ref().map(|s| format!("{}/{id}", self.sandbox_cgroup(s)));
         if self.is_gvisor(&record.handler) {
             // `runsc delete` takes over a second after the app is gone: the record goes now and the
             // host side follows in the background. A crash in between leaves a record-less
@@ -555,13 +553,10 @@ impl Cri {
             self.blocking_state(move || claim.remove().map(drop)).await?;
             let cri = Arc::clone(self);
             let (id, handler, sandbox_id) = (id.clone(), record.handler.clone(), record.sandbox_id.clone());
-            let sandbox_cgroup = sandbox.as_ref().and_then(|s| self.own_sandbox_cgroup(s));
+            let sandbox_cgroup = self.store.sandbox(&sandbox_id).ok().and_then(|s| self.own_sandbox_cgroup(&s));
             self.background.spawn(async move {
                 cri.cleanup_container_files(&id, &handler).await;
                 let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));
-                if let Some(cgroup) = container_cgroup {
-                    host::remove_cgroup(&cgroup);
-                }
                 // The sandbox removed meanwhile could not remove its cgroup while this
                 // container's was in it (see `remove_pod_sandbox`).
                 if let Some(cgroup) = sandbox_cgroup
@@ -572,9 +567,6 @@ impl Cri {
             });
         } else {
             self.cleanup_container_files(&id, &record.handler).await;
-            if let Some(cgroup) = container_cgroup {
-                host::remove_cgroup(&cgroup);
-            }
             self.blocking_state(move || claim.remove().map(drop)).await?;
         }
         self.exits.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -583,9 +575,13 @@ impl Cri {
         Ok(cri::RemoveContainerResponse {})
     }
 
-    /// Deletes the OCI container (forced), waits briefly for its monitor, unmounts the rootfs and
-    /// removes everything in the container's directory but the record.
+    /// Deletes the OCI container (forced) and its cgroup, waits briefly for its monitor, unmounts
+    /// the rootfs and removes everything in the container's directory but the record.
     async fn cleanup_container_files(&self, id: &str, handler: &str) {
+        let dir = self.store.container_dir(id);
+        // Read before the bundle goes. The OCI runtime removes the cgroup when it deletes the
+        // container, but runsc leaves it when its sandbox failed to start (the pod's stays busy).
+        let cgroup = spec_cgroup(&dir.join("bundle"));
         let pending = self.oci_deletes.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         let deleted = match pending {
             Some(mut rx) => {
@@ -602,7 +598,9 @@ impl Cri {
                 Err(e) => tracing::warn!(container = %id, error = %e, "deleting the OCI container failed"),
             }
         }
-        let dir = self.store.container_dir(id);
+        if let Some(cgroup) = cgroup {
+            host::remove_cgroup(&cgroup);
+        }
         if let Ok(Some(monitor_pid)) = berth_monitor::read_monitor_pid(&monitor_dir(self.store.root(), id)) {
             let _ = tokio::time::timeout(Duration::from_secs(2), host::wait_for_exit(monitor_pid)).await;
         }
@@ -752,7 +750,7 @@ impl Cri {
             return Err(Error::InvalidArgument("ExecSync: cmd is required".into()));
         }
         let record = self.running(&req.container_id)?;
-        let (process_file, pid_file) = self.exec_process_file(&record, &req.cmd, false)?;
+        let (process_file, pid_file) = self.exec_process_file(&record, &req.cmd, false, None)?;
         let runtime = self.oci_runtime(&record.handler)?;
         let args = runtime.exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));
         let mut command = tokio::process::Command::new(&args[0]);
@@ -807,6 +805,7 @@ impl Cri {
         record: &ContainerRecord,
         cmd: &[String],
         tty: bool,
+        console_size: Option<TerminalSize>,
     ) -> Result<(PathBuf, PathBuf), Error> {
         let host_err = |what: &'static str| move |e| Error::Host { what: what.into(), source: e };
         let spec: serde_json::Value = std::fs::read(record.bundle.join("config.json"))
@@ -815,16 +814,7 @@ impl Cri {
                 serde_json::from_slice(&b)
                     .map_err(|e| Error::Host { what: "parsing config.json".into(), source: std::io::Error::other(e) })
             })?;
-        let mut process = spec["process"].clone();
-        process["args"] = json!(cmd);
-        process["terminal"] = json!(tty);
-        if tty {
-            // As containerd: TERM=xterm in a terminal exec, replacing the container's.
-            let mut env: Vec<serde_json::Value> = process["env"].as_array().cloned().unwrap_or_default();
-            env.retain(|e| !e.as_str().is_some_and(|e| e.starts_with("TERM=")));
-            env.push(json!("TERM=xterm"));
-            process["env"] = json!(env);
-        }
+        let process = exec_process(spec["process"].clone(), cmd, tty, console_size);
         let name = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.store.container_dir(&record.id);
         let process_file = dir.join(format!("exec-{name}.json"));
@@ -953,9 +943,44 @@ fn parse_signal(name: &str) -> Option<Signal> {
     full.parse().ok()
 }
 
+/// The OCI process of an exec of `cmd`, from the container's own `process`. With a terminal,
+/// `console_size` is the size the OCI runtime gives it before the command runs (runc copies the
+/// size of our side only after the start, so a command asking at once would see 0×0).
+fn exec_process(
+    mut process: serde_json::Value,
+    cmd: &[String],
+    tty: bool,
+    console_size: Option<TerminalSize>,
+) -> serde_json::Value {
+    process["args"] = json!(cmd);
+    process["terminal"] = json!(tty);
+    if tty {
+        // As containerd: TERM=xterm in a terminal exec, replacing the container's.
+        let mut env: Vec<serde_json::Value> = process["env"].as_array().cloned().unwrap_or_default();
+        env.retain(|e| !e.as_str().is_some_and(|e| e.starts_with("TERM=")));
+        env.push(json!("TERM=xterm"));
+        process["env"] = json!(env);
+        if let Some(size) = console_size {
+            process["consoleSize"] = json!({"height": size.height, "width": size.width});
+        }
+    }
+    process
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_terminal_size_becomes_the_process_specs_console_size_keeping_the_rest() {
+        let container = json!({"terminal": false, "args": ["nginx"], "cwd": "/srv"});
+        let size = TerminalSize { width: 132, height: 43 };
+        let process = exec_process(container, &["sh".to_string()], true, Some(size));
+        assert_eq!(
+            process,
+            json!({"terminal": true, "args": ["sh"], "cwd": "/srv", "env": ["TERM=xterm"], "consoleSize": {"height": 43, "width": 132}})
+        );
+    }
 
     #[test]
     fn resources_of_a_created_container_are_merged_into_its_bundle_spec() {

@@ -108,14 +108,13 @@ fn u64_value(value: u64) -> Option<cri::UInt64Value> {
     Some(cri::UInt64Value { value })
 }
 
-impl Cri {
-    /// The container's cgroup, as its spec names it.
-    fn container_cgroup(&self, record: &ContainerRecord) -> Option<String> {
-        let spec: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(record.bundle.join("config.json")).ok()?).ok()?;
-        spec["linux"]["cgroupsPath"].as_str().map(str::to_owned)
-    }
+/// The cgroup the OCI spec in `bundle` names (`linux.cgroupsPath`).
+pub(crate) fn spec_cgroup(bundle: &Path) -> Option<String> {
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
+    spec["linux"]["cgroupsPath"].as_str().map(str::to_owned)
+}
 
+impl Cri {
     fn cpu_stats(&self, cgroup: &str, now: i64) -> Option<cri::CpuUsage> {
         let usage = cpu_usage(cgroup)?;
         Some(cri::CpuUsage {
@@ -140,7 +139,7 @@ impl Cri {
 
     fn stats_of(&self, record: &ContainerRecord) -> cri::ContainerStats {
         let now = now_ns();
-        let cgroup = self.container_cgroup(record);
+        let cgroup = spec_cgroup(&record.bundle);
         let upper = self.store.container_dir(&record.id).join("upper");
         let (used, inodes) = disk_usage(&upper);
         cri::ContainerStats {

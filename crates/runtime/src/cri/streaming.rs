@@ -91,14 +91,19 @@ impl Backend for StreamBackend {
         container_id: &str,
         cmd: Vec<String>,
         tty: bool,
-        streams: Streams,
+        mut streams: Streams,
     ) -> Result<i32, BackendError> {
         let cri = self.cri()?;
         let record = lookup(&cri, container_id)?;
-        let (process_file, pid_file) = cri.exec_process_file(&record, &cmd, tty).map_err(failed)?;
+        // Clients send their terminal size first: the process starts at it.
+        let first_size = match streams.resize.as_mut() {
+            Some(sizes) if tty => tokio::time::timeout(FIRST_SIZE_WAIT, sizes.recv()).await.ok().flatten(),
+            _ => None,
+        };
+        let (process_file, pid_file) = cri.exec_process_file(&record, &cmd, tty, first_size).map_err(failed)?;
         let runtime = cri.oci_runtime(&record.handler).map_err(failed)?;
         let result = if tty {
-            exec_tty(&record, &runtime, &process_file, &pid_file, streams).await
+            exec_tty(&record, &runtime, &process_file, &pid_file, first_size, streams).await
         } else {
             let args = runtime.exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));
             exec_piped(args, streams).await
@@ -216,13 +221,6 @@ async fn copy_out(
 /// How long a terminal exec waits for the client's first terminal size before it starts.
 const FIRST_SIZE_WAIT: Duration = Duration::from_millis(200);
 
-/// Writes `size` as the `consoleSize` of the OCI process spec in `process_file`.
-fn set_console_size(process_file: &Path, size: berth_stream::TerminalSize) -> std::io::Result<()> {
-    let mut process: serde_json::Value = serde_json::from_slice(&std::fs::read(process_file)?)?;
-    process["consoleSize"] = serde_json::json!({"height": size.height, "width": size.width});
-    std::fs::write(process_file, serde_json::to_vec(&process)?)
-}
-
 /// `runtime exec` of a terminal process, run by `setsid --ctty` on a pty of ours: the OCI
 /// runtime sees a terminal on its stdio, allocates the container's pty and relays it (runc refuses
 /// a console socket unless it detaches, and a detached exec's exit code would be lost), and a
@@ -232,6 +230,7 @@ async fn exec_tty(
     runtime: &berth_oci::OciRuntime,
     process_file: &Path,
     pid_file: &Path,
+    first_size: Option<berth_stream::TerminalSize>,
     streams: Streams,
 ) -> Result<i32, BackendError> {
     let pty = nix::pty::openpty(None, None).map_err(|e| failed(format!("allocating a terminal: {e}")))?;
@@ -240,17 +239,10 @@ async fn exec_tty(
         let ws = rustix::termios::Winsize { ws_row: size.height, ws_col: size.width, ws_xpixel: 0, ws_ypixel: 0 };
         let _ = rustix::termios::tcsetwinsize(master, ws);
     };
-    let mut resize = streams.resize;
-    // Clients send their size first: a command that asks for it at once must not see 0×0. The
-    // OCI runtime copies our size to the container's terminal only after the process started,
-    // so the process spec carries it too (`consoleSize`, applied before the process runs).
-    if let Some(sizes) = resize.as_mut()
-        && let Ok(Some(first)) = tokio::time::timeout(FIRST_SIZE_WAIT, sizes.recv()).await
-    {
+    // The process spec carries the first size too: the OCI runtime copies ours only after the
+    // process started.
+    if let Some(first) = first_size {
         set_size(&master, first);
-        if let Err(e) = set_console_size(process_file, first) {
-            tracing::debug!(error = %e, "no initial console size in the exec's process spec");
-        }
     }
     let slave = std::fs::File::from(pty.slave);
     let args = runtime.exec_args(&record.id, &ExecOptions::new(process_file).pid_file(pid_file));
@@ -266,7 +258,7 @@ async fn exec_tty(
 
     let mut reader = tokio::fs::File::from_std(std::fs::File::from(master.try_clone().map_err(failed)?));
     let mut writer = tokio::fs::File::from_std(std::fs::File::from(master.try_clone().map_err(failed)?));
-    if let Some(mut resize) = resize {
+    if let Some(mut resize) = streams.resize {
         let master = master.try_clone().map_err(failed)?;
         tokio::spawn(async move {
             while let Some(size) = resize.recv().await {
@@ -367,22 +359,4 @@ async fn attach_session(conn: tokio::net::UnixStream, streams: Streams) -> Resul
         let _ = w.shutdown().await;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_terminal_size_becomes_the_process_specs_console_size_keeping_the_rest() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("process.json");
-        std::fs::write(&file, br#"{"terminal":true,"args":["sh"]}"#).unwrap();
-        set_console_size(&file, berth_stream::TerminalSize { width: 132, height: 43 }).unwrap();
-        let process: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-        assert_eq!(
-            process,
-            serde_json::json!({"terminal": true, "args": ["sh"], "consoleSize": {"height": 43, "width": 132}})
-        );
-    }
 }
