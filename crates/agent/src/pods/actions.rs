@@ -140,7 +140,7 @@ async fn http_action(h: &core::HTTPGetAction, target: &Target, rules: HttpRules,
     let path = h.path.clone().filter(|p| !p.is_empty()).unwrap_or_else(|| "/".into());
     let headers: Vec<(String, String)> =
         h.http_headers.iter().flatten().map(|hh| (hh.name.clone(), hh.value.clone())).collect();
-    http_get_with(rules, scheme, &host, port, &path, &headers, timeout).await
+    http_get(rules, scheme, &host, port, &path, &headers, timeout).await
 }
 
 async fn exec(target: &Target, cmd: &[String], timeout: Duration) -> Outcome {
@@ -193,7 +193,7 @@ pub enum HttpRules {
 }
 
 /// An HTTP/1.1 GET by `rules`, over TLS for [`Scheme::Https`]. Only the status line is read.
-pub async fn http_get_with(
+pub async fn http_get(
     rules: HttpRules,
     scheme: Scheme,
     host: &str,
@@ -455,28 +455,16 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    /// A GET by the probe rules.
-    async fn http_get(
-        scheme: Scheme,
-        host: &str,
-        port: u16,
-        path: &str,
-        headers: &[(String, String)],
-        timeout: Duration,
-    ) -> Outcome {
-        http_get_with(HttpRules::Probe, scheme, host, port, path, headers, timeout).await
-    }
-
     #[tokio::test]
     async fn a_hook_get_succeeds_on_any_response_and_says_it_is_kubelets_lifecycle() {
         let (port, req) = serve_once("500 Internal Server Error").await;
         let outcome =
-            http_get_with(HttpRules::Hook, Scheme::Http, "127.0.0.1", port, "/stop", &[], Duration::from_secs(2)).await;
+            http_get(HttpRules::Hook, Scheme::Http, "127.0.0.1", port, "/stop", &[], Duration::from_secs(2)).await;
         assert_eq!(outcome, Outcome::Success);
         assert!(req.await.unwrap().contains("User-Agent: kube-lifecycle/1.33\r\n"));
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
         let outcome =
-            http_get_with(HttpRules::Hook, Scheme::Http, "127.0.0.1", closed, "/", &[], Duration::from_secs(2)).await;
+            http_get(HttpRules::Hook, Scheme::Http, "127.0.0.1", closed, "/", &[], Duration::from_secs(2)).await;
         assert!(!outcome.is_success(), "no response at all is still a failure");
     }
 
@@ -497,8 +485,7 @@ mod tests {
         });
         let headers = vec![("Authorization".to_string(), "Bearer x".to_string()), ("X-A".to_string(), "b".to_string())];
         let outcome =
-            http_get_with(HttpRules::Hook, Scheme::Https, "127.0.0.1", port, "/h", &headers, Duration::from_secs(5))
-                .await;
+            http_get(HttpRules::Hook, Scheme::Https, "127.0.0.1", port, "/h", &headers, Duration::from_secs(5)).await;
         assert_eq!(outcome, Outcome::Success);
         let plain = second.await.unwrap();
         assert!(plain.starts_with("GET /h HTTP/1.1\r\n") && plain.contains("X-A: b\r\n"), "{plain}");
@@ -523,26 +510,31 @@ mod tests {
         let (port, req) = serve_once("204 No Content").await;
         let headers = vec![("X-Probe".to_string(), "yes".to_string())];
         assert_eq!(
-            http_get(Scheme::Http, "127.0.0.1", port, "/healthz", &headers, Duration::from_secs(2)).await,
+            http_get(HttpRules::Probe, Scheme::Http, "127.0.0.1", port, "/healthz", &headers, Duration::from_secs(2))
+                .await,
             Outcome::Success
         );
         let req = req.await.unwrap();
         assert!(req.starts_with("GET /healthz HTTP/1.1\r\n"), "{req}");
         assert!(req.contains("User-Agent: kube-probe/1.33\r\n") && req.contains("X-Probe: yes\r\n"), "{req}");
         let (port, _) = serve_once("302 Found").await;
-        assert!(http_get(Scheme::Http, "127.0.0.1", port, "/", &[], Duration::from_secs(2)).await.is_success());
+        assert!(
+            http_get(HttpRules::Probe, Scheme::Http, "127.0.0.1", port, "/", &[], Duration::from_secs(2))
+                .await
+                .is_success()
+        );
     }
 
     #[tokio::test]
     async fn http_get_fails_on_errors_and_refused_connections_as_kubelet_words_it() {
         let (port, _) = serve_once("500 Internal Server Error").await;
         assert_eq!(
-            http_get(Scheme::Http, "127.0.0.1", port, "/", &[], Duration::from_secs(2)).await,
+            http_get(HttpRules::Probe, Scheme::Http, "127.0.0.1", port, "/", &[], Duration::from_secs(2)).await,
             Outcome::Failure("HTTP probe failed with statuscode: 500".into())
         );
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
         let Outcome::Failure(msg) =
-            http_get(Scheme::Http, "127.0.0.1", closed, "/x", &[], Duration::from_secs(2)).await
+            http_get(HttpRules::Probe, Scheme::Http, "127.0.0.1", closed, "/x", &[], Duration::from_secs(2)).await
         else {
             panic!("a closed port cannot succeed")
         };
@@ -584,7 +576,9 @@ mod tests {
     async fn an_https_get_to_a_self_signed_server_succeeds_on_200_with_the_same_request_as_http() {
         let (port, served) = serve_tls_once("200 OK").await;
         let headers = vec![("X-Probe".to_string(), "yes".to_string())];
-        let outcome = http_get(Scheme::Https, "127.0.0.1", port, "/healthz", &headers, Duration::from_secs(5)).await;
+        let outcome =
+            http_get(HttpRules::Probe, Scheme::Https, "127.0.0.1", port, "/healthz", &headers, Duration::from_secs(5))
+                .await;
         assert_eq!(outcome, Outcome::Success);
         let (req, sni) = served.await.unwrap();
         assert_eq!(
@@ -600,7 +594,11 @@ mod tests {
     #[tokio::test]
     async fn an_https_get_to_a_dns_name_sends_it_as_sni() {
         let (port, served) = serve_tls_once("301 Moved Permanently").await;
-        assert!(http_get(Scheme::Https, "localhost", port, "/", &[], Duration::from_secs(5)).await.is_success());
+        assert!(
+            http_get(HttpRules::Probe, Scheme::Https, "localhost", port, "/", &[], Duration::from_secs(5))
+                .await
+                .is_success()
+        );
         assert_eq!(served.await.unwrap().1.as_deref(), Some("localhost"));
     }
 
@@ -608,7 +606,7 @@ mod tests {
     async fn an_https_get_answered_500_fails_with_kubelets_message() {
         let (port, _) = serve_tls_once("500 Internal Server Error").await;
         assert_eq!(
-            http_get(Scheme::Https, "127.0.0.1", port, "/", &[], Duration::from_secs(5)).await,
+            http_get(HttpRules::Probe, Scheme::Https, "127.0.0.1", port, "/", &[], Duration::from_secs(5)).await,
             Outcome::Failure("HTTP probe failed with statuscode: 500".into())
         );
     }
@@ -617,7 +615,8 @@ mod tests {
     async fn an_https_get_to_a_plain_http_server_fails_at_once_naming_the_https_url() {
         let (port, _) = serve_once("400 Bad Request").await;
         let started = std::time::Instant::now();
-        let outcome = http_get(Scheme::Https, "127.0.0.1", port, "/ready", &[], Duration::from_secs(10)).await;
+        let outcome =
+            http_get(HttpRules::Probe, Scheme::Https, "127.0.0.1", port, "/ready", &[], Duration::from_secs(10)).await;
         assert_eq!(
             outcome,
             Outcome::Failure(format!(
@@ -637,7 +636,7 @@ mod tests {
             let _ = tcp.read(&mut [0u8; 4096]).await;
         });
         assert_eq!(
-            http_get(Scheme::Https, "127.0.0.1", port, "/", &[], Duration::from_secs(5)).await,
+            http_get(HttpRules::Probe, Scheme::Https, "127.0.0.1", port, "/", &[], Duration::from_secs(5)).await,
             Outcome::Failure(format!("Get \"https://127.0.0.1:{port}/\": EOF"))
         );
     }
