@@ -14,7 +14,6 @@ mod cgroups;
 mod cri;
 mod dns;
 mod env;
-mod events;
 mod gc;
 mod images;
 pub mod labels;
@@ -204,7 +203,11 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         pod_log_dir,
         host_dns: dns::HostDns::from_host(),
         host_ips: RwLock::new(local_ips()),
-        events: events::Recorder::spawn(client.clone(), node_name.clone()),
+        events: berth_events::Recorder::spawn(
+            client.clone(),
+            berth_events::Source { component: worker::EVENT_COMPONENT.into(), host: Some(node_name.clone()) },
+            worker::EVENT_QUEUE,
+        ),
         mounter: Arc::new(mount::HostMounter),
         cgroups: Arc::new(cgroups::CgroupFs::new("/sys/fs/cgroup")),
         memory_capacity: resources::node_memory_capacity(),

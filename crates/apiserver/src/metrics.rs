@@ -44,7 +44,9 @@ fn latency_histogram() -> Histogram {
 }
 
 pub struct Metrics {
-    registry: Registry,
+    /// The root registry: the API server's series under `apiserver_`, and what other parts
+    /// running in the same process add with [`Metrics::register`].
+    registry: std::sync::Mutex<Registry>,
     requests: Family<RequestLabels, Counter>,
     request_seconds: Family<VerbLabels, Histogram, fn() -> Histogram>,
     store_seconds: Family<OpLabels, Histogram, fn() -> Histogram>,
@@ -59,7 +61,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("apiserver");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("apiserver");
         let requests = Family::<RequestLabels, Counter>::default();
         let request_seconds =
             Family::<VerbLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
@@ -73,7 +76,7 @@ impl Metrics {
         );
         registry.register("storage_operation_duration_seconds", "Store operation latency", store_seconds.clone());
         registry.register("registered_watchers", "Open watches by resource", watchers.clone());
-        Self { registry, requests, request_seconds, store_seconds, watchers }
+        Self { registry: std::sync::Mutex::new(root), requests, request_seconds, store_seconds, watchers }
     }
 
     pub fn observe_request(&self, verb: &str, resource: &str, code: u16, took: Duration) {
@@ -93,9 +96,16 @@ impl Metrics {
         self.watchers.get_or_create(&ResourceLabels { resource: resource.into() }).inc_by(delta);
     }
 
+    /// Lets a part running in the server's process (the scheduler, the controllers) serve its
+    /// metrics on the server's `/metrics`.
+    pub fn register(&self, add: impl FnOnce(&mut Registry)) {
+        add(&mut self.registry.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
     }
 }

@@ -70,40 +70,86 @@ pub fn prepare_data_dir(cfg: &ServerConfig) -> Result<(), ServerError> {
     Ok(())
 }
 
+/// A server ready to serve: store open, credentials and kubeconfig written, system namespaces
+/// made. Parts that run in the same process (scheduler, controllers) reach it through
+/// [`PreparedServer::local_service`] before [`PreparedServer::serve`] is called.
+pub struct PreparedServer {
+    pub state: Arc<ApiState>,
+    pub kubeconfig: PathBuf,
+    admin_token: String,
+    pki: tls::Pki,
+    addr: SocketAddr,
+    compaction_interval: Duration,
+}
+
+impl PreparedServer {
+    pub async fn prepare(cfg: &ServerConfig) -> Result<PreparedServer, ServerError> {
+        prepare_data_dir(cfg)?;
+        let store = open_store(cfg).await?;
+        let pki = tls::ensure_pki(&cfg.data_dir, cfg.bind_address, &cfg.extra_sans).map_err(ServerError::Tls)?;
+        let token = tls::ensure_admin_token(&cfg.data_dir).map_err(ServerError::Tls)?;
+        let url = tls::server_url(cfg.bind_address, cfg.secure_port);
+        let kubeconfig = cfg.data_dir.join("admin.kubeconfig");
+        tls::write_kubeconfig(&kubeconfig, &url, &pki.ca_pem, "admin", &token).map_err(ServerError::Tls)?;
+        let mut authn = TokenAuthenticator::new(token.clone());
+        if let Some(path) = &cfg.token_auth_file {
+            authn.load_token_file(path).map_err(ServerError::Tokens)?;
+        }
+        authn.watch_token_file(&cfg.data_dir.join(crate::authn::NODE_TOKEN_FILE)).map_err(ServerError::Tokens)?;
+        let state = ApiState::new(store, Some(authn));
+        lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
+        Ok(PreparedServer {
+            state,
+            kubeconfig,
+            admin_token: token,
+            pki,
+            addr: SocketAddr::new(cfg.bind_address, cfg.secure_port),
+            compaction_interval: cfg.compaction_interval,
+        })
+    }
+
+    /// The API as an in-process service acting as the admin: no socket, no TLS, the same
+    /// authentication, authorization, admission and metrics as every other request.
+    pub fn local_service(&self) -> axum::Router {
+        let header = http::HeaderValue::from_str(&format!("Bearer {}", self.admin_token))
+            .expect("the admin token is printable ASCII");
+        crate::router(self.state.clone()).layer(axum::middleware::map_request(
+            move |mut req: axum::extract::Request| {
+                let header = header.clone();
+                async move {
+                    req.headers_mut().insert(http::header::AUTHORIZATION, header);
+                    req
+                }
+            },
+        ))
+    }
+
+    /// Serves until SIGINT or SIGTERM, with the housekeeping loops.
+    pub async fn serve(self) -> Result<(), ServerError> {
+        let state = self.state;
+        tokio::spawn(lifecycle::run_namespace_lifecycle(state.clone()));
+        tokio::spawn(lifecycle::run_compactor(state.clone(), self.compaction_interval));
+        let rustls = tls::rustls_config(&self.pki).map_err(ServerError::Tls)?;
+        let addr = self.addr;
+        let handle = axum_server::Handle::new();
+        let shutdown = handle.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            shutdown.graceful_shutdown(Some(Duration::from_secs(5)));
+        });
+        tracing::info!(%addr, backend = state.store.backend(), kubeconfig = %self.kubeconfig.display(), "serving the Kubernetes API");
+        axum_server::bind_rustls(addr, axum_server::tls_rustls::RustlsConfig::from_config(rustls))
+            .handle(handle)
+            .serve(crate::router(state).into_make_service())
+            .await
+            .map_err(|source| ServerError::Serve { addr, source })
+    }
+}
+
 /// Runs until SIGINT or SIGTERM.
 pub async fn run(cfg: ServerConfig) -> Result<(), ServerError> {
-    prepare_data_dir(&cfg)?;
-    let store = open_store(&cfg).await?;
-    let pki = tls::ensure_pki(&cfg.data_dir, cfg.bind_address, &cfg.extra_sans).map_err(ServerError::Tls)?;
-    let token = tls::ensure_admin_token(&cfg.data_dir).map_err(ServerError::Tls)?;
-    let url = tls::server_url(cfg.bind_address, cfg.secure_port);
-    let kubeconfig = cfg.data_dir.join("admin.kubeconfig");
-    tls::write_kubeconfig(&kubeconfig, &url, &pki.ca_pem, "admin", &token).map_err(ServerError::Tls)?;
-    let mut authn = TokenAuthenticator::new(token);
-    if let Some(path) = &cfg.token_auth_file {
-        authn.load_token_file(path).map_err(ServerError::Tokens)?;
-    }
-    authn.watch_token_file(&cfg.data_dir.join(crate::authn::NODE_TOKEN_FILE)).map_err(ServerError::Tokens)?;
-    let state = ApiState::new(store.clone(), Some(authn));
-    lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
-    tokio::spawn(lifecycle::run_namespace_lifecycle(state.clone()));
-    tokio::spawn(lifecycle::run_compactor(state.clone(), cfg.compaction_interval));
-
-    let rustls = tls::rustls_config(&pki).map_err(ServerError::Tls)?;
-    let addr = SocketAddr::new(cfg.bind_address, cfg.secure_port);
-    let handle = axum_server::Handle::new();
-    let shutdown = handle.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        shutdown.graceful_shutdown(Some(Duration::from_secs(5)));
-    });
-    tracing::info!(%addr, backend = store.backend(), kubeconfig = %kubeconfig.display(), "serving the Kubernetes API");
-    axum_server::bind_rustls(addr, axum_server::tls_rustls::RustlsConfig::from_config(rustls))
-        .handle(handle)
-        .serve(crate::router(state).into_make_service())
-        .await
-        .map_err(|source| ServerError::Serve { addr, source })
+    PreparedServer::prepare(&cfg).await?.serve().await
 }
 
 async fn shutdown_signal() {

@@ -21,6 +21,8 @@ enum Command {
     Server(commands::server::Args),
     /// Serve CRI (pods, containers and images per runtime handler) on a unix socket for runc, crun and gVisor.
     Runtime(commands::runtime::Args),
+    /// Place pending pods on nodes (RuntimeClass-aware), against any Kubernetes API server.
+    Scheduler(commands::scheduler::Args),
     /// Run the node agent: register this node and run the pods bound to it through its CRI runtimes.
     Agent(commands::agent::Args),
     /// Talk to a CRI runtime, as crictl does: runp, create, start, ps, pods, logs, exec, attach, port-forward, stop, rm, stats, pull, images, ...
@@ -47,6 +49,7 @@ fn main() -> anyhow::Result<()> {
             Command::Runtime(args) => commands::runtime::run(args).await,
             Command::Cri(args) => commands::cri::run(args).await,
             Command::Agent(args) => commands::agent::run(args).await,
+            Command::Scheduler(args) => commands::scheduler::run(args).await,
         }
     })
 }

@@ -43,7 +43,6 @@ use super::cgroups::{self, Cgroups};
 use super::cri::{self as cricalls, CriError};
 use super::dns::HostDns;
 use super::env::{self, PodContext, Sources};
-use super::events::{self, PodEvent, Recorder};
 use super::images::{self, PullPolicy};
 use super::labels;
 use super::mount::Mounter;
@@ -56,6 +55,7 @@ use super::volumes::{self, Prepared};
 use super::wake::{Expected, Wake};
 use crate::endpoint::Endpoint;
 use crate::runtimes::{RuntimeManager, SERVICE_ANNOTATION, SelectError};
+use berth_events::{self as events, PodEvent, Recorder};
 
 /// How often a running pod is looked at without being woken, on a runtime without a connected
 /// container event stream (containerd 1.6 has none).
@@ -73,6 +73,10 @@ const INVENTORY_WAIT: Duration = Duration::from_secs(5);
 const FINAL_STATUS_WAIT: Duration = Duration::from_secs(10);
 /// kubelet's floor for a container's stop timeout.
 const MIN_GRACE_SECONDS: i64 = 2;
+/// The component pod events are reported as (kubelet's, so that tools filtering on it find them).
+pub const EVENT_COMPONENT: &str = "kubelet";
+/// Events waiting to be written beyond this many are dropped (kubelet's broadcaster keeps 1000).
+pub const EVENT_QUEUE: usize = 1000;
 
 /// What every worker shares.
 pub struct Context {

@@ -3,4 +3,5 @@
 pub mod agent;
 pub mod cri;
 pub mod runtime;
+pub mod scheduler;
 pub mod server;

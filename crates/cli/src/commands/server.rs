@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use berth_apiserver::authn::{NODE_TOKEN_FILE, NODE_USER_PREFIX, create_node_token, validate_node_name};
-use berth_apiserver::server::{ServerConfig, run as serve};
+use berth_apiserver::server::{PreparedServer, ServerConfig};
+use berth_scheduler::metrics::Metrics as SchedulerMetrics;
+use berth_scheduler::scheduler::Config as SchedulerConfig;
+
+use super::scheduler::{SchedulingArgs, schedule, shutdown_signal};
 
 const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
 
@@ -70,6 +74,11 @@ struct ServeArgs {
     /// How often store history older than one interval is compacted, in seconds.
     #[arg(long, default_value_t = 300)]
     compaction_interval_seconds: u64,
+    /// Do not run the scheduler in this process (run `berth scheduler` instead, or none).
+    #[arg(long)]
+    no_scheduler: bool,
+    #[command(flatten)]
+    scheduling: SchedulingArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -89,7 +98,28 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
         extra_sans: args.tls_san,
         compaction_interval: Duration::from_secs(args.compaction_interval_seconds.max(1)),
     };
-    serve(cfg).await.context("berth server failed")
+    let server = PreparedServer::prepare(&cfg).await.context("berth server failed")?;
+    let mut scheduler = None;
+    if !args.no_scheduler {
+        // The scheduler reaches the API in-process, as the admin, through the same handlers,
+        // admission and watches as any client; --no-scheduler leaves it to another process.
+        let client = kube::Client::new(server.local_service(), "default");
+        let config = SchedulerConfig {
+            percentage_of_nodes_to_score: args.scheduling.percentage_of_nodes_to_score,
+            ..Default::default()
+        };
+        let metrics = SchedulerMetrics::new(&config.scheduler_name);
+        server.state.metrics.register(|registry| metrics.register(registry));
+        let scheduling = args.scheduling.clone();
+        scheduler =
+            Some(tokio::spawn(async move { schedule(client, config, &scheduling, metrics, shutdown_signal()).await }));
+    }
+    let served = server.serve().await.context("berth server failed");
+    // The scheduler saw the same signal: let it give its lease up while the API still answers.
+    if let Some(scheduler) = scheduler {
+        let _ = tokio::time::timeout(Duration::from_secs(3), scheduler).await;
+    }
+    served
 }
 
 /// Adds a node token and prints a kubeconfig with the admin kubeconfig's cluster and that token.

@@ -1,7 +1,11 @@
-//! Pod events as kubelet records them (core/v1 Events, source `{component: kubelet, host: NODE}`),
-//! written in the background so that emitting never slows a pod down; a repeat of the same
-//! event on the same object bumps its `count` and `lastTimestamp` instead of adding another.
-//! Each event carries the time it happened, not the time it was written.
+//! Kubernetes Events recorded in the background through the API, repeats counted as client-go's recorder does.
+//!
+//! Events are core/v1 Events with a source (`{component: kubelet, host: NODE}` for the agent,
+//! `default-scheduler` for the scheduler), written by one background task so that emitting never
+//! slows the caller; a repeat of the same event on the same object bumps its `count` and
+//! `lastTimestamp` instead of adding another. Each event carries the time it happened, not the
+//! time it was written. When more events wait than the recorder's capacity, new ones are dropped,
+//! as client-go's broadcaster drops them when its queue is full.
 
 use std::collections::HashMap;
 
@@ -9,9 +13,6 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
-
-/// The component events are reported as (kubelet's, so that tools filtering on it find them).
-pub const COMPONENT: &str = "kubelet";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Type {
@@ -26,6 +27,14 @@ impl Type {
             Type::Warning => "Warning",
         }
     }
+}
+
+/// Who reports: `source.component` and `source.host` of every event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    pub component: String,
+    /// The node, for a node's agent; `None` for cluster components.
+    pub host: Option<String>,
 }
 
 /// One event about a pod (or one of its containers, through `field_path`).
@@ -44,20 +53,23 @@ pub struct PodEvent {
 /// Emits events; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Recorder {
-    tx: mpsc::UnboundedSender<(PodEvent, jiff::Timestamp)>,
+    tx: mpsc::Sender<(PodEvent, jiff::Timestamp)>,
 }
 
 impl Recorder {
-    /// A recorder whose writer runs on the current Tokio runtime until every clone is dropped.
-    pub fn spawn(client: kube::Client, node_name: String) -> Recorder {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(write_events(client, node_name, rx));
+    /// A recorder whose writer runs on the current Tokio runtime until every clone is dropped;
+    /// at most `capacity` events wait to be written.
+    pub fn spawn(client: kube::Client, source: Source, capacity: usize) -> Recorder {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        tokio::spawn(write_events(client, source, rx));
         Recorder { tx }
     }
 
     pub fn emit(&self, event: PodEvent) {
         tracing::debug!(pod = %event.pod_name, reason = %event.reason, message = %event.message, "event");
-        let _ = self.tx.send((event, jiff::Timestamp::now()));
+        if let Err(mpsc::error::TrySendError::Full((e, _))) = self.tx.try_send((event, jiff::Timestamp::now())) {
+            tracing::debug!(pod = %e.pod_name, reason = %e.reason, "event queue full; event dropped");
+        }
     }
 }
 
@@ -68,14 +80,11 @@ fn key(e: &PodEvent) -> u64 {
     BuildHasherDefault::<DefaultHasher>::default().hash_one((&e.pod_uid, &e.field_path, &e.reason, &e.message))
 }
 
-async fn write_events(
-    client: kube::Client,
-    node: String,
-    mut rx: mpsc::UnboundedReceiver<(PodEvent, jiff::Timestamp)>,
-) {
+async fn write_events(client: kube::Client, source: Source, mut rx: mpsc::Receiver<(PodEvent, jiff::Timestamp)>) {
     // Event name and count of each event written, to count repeats; bounded by dropping all
     // entries now and then (a repeat after that starts a new event, as kubelet's cache does).
     let mut written: HashMap<u64, (String, i32)> = HashMap::new();
+    let instance = source.host.clone().unwrap_or_else(|| source.component.clone());
     while let Some((e, at)) = rx.recv().await {
         if written.len() > 4096 {
             written.clear();
@@ -115,9 +124,9 @@ async fn write_events(
             count: Some(1),
             first_timestamp: Some(now.clone()),
             last_timestamp: Some(now),
-            source: Some(core::EventSource { component: Some(COMPONENT.into()), host: Some(node.clone()) }),
-            reporting_component: Some(COMPONENT.into()),
-            reporting_instance: Some(node.clone()),
+            source: Some(core::EventSource { component: Some(source.component.clone()), host: source.host.clone() }),
+            reporting_component: Some(source.component.clone()),
+            reporting_instance: Some(instance.clone()),
             ..Default::default()
         };
         match api.create(&PostParams::default(), &event).await {

@@ -1,0 +1,165 @@
+//! What the scheduler keeps of a node: its labels, taints, allocatable and runtime handlers from
+//! the Node object, and the sums over the pods bound or assumed on it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1 as core;
+
+use crate::pod_info::{HostPort, PodInfo, normalized_image};
+use crate::resources::{Resources, value};
+use crate::taints::Taint;
+
+/// Kubernetes' default `maxPods` of a kubelet, for nodes that report no `pods` allocatable.
+const DEFAULT_ALLOWED_PODS: i64 = 110;
+
+/// The parts of a Node object the scheduler reads.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeSpec {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub unschedulable: bool,
+    pub allocatable: Resources,
+    pub allowed_pods: i64,
+    /// Handlers the node reports it can run now; `None` when it reports none at all (a kubelet
+    /// that predates the field), which counts as every handler.
+    pub runtime_handlers: Option<HashSet<String>>,
+    /// Image name → size in bytes.
+    pub images: HashMap<String, i64>,
+}
+
+impl NodeSpec {
+    pub fn from_node(node: &core::Node) -> NodeSpec {
+        let spec = node.spec.as_ref();
+        let status = node.status.as_ref();
+        let allocatable = status.and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
+        let mut images = HashMap::new();
+        for image in status.and_then(|s| s.images.as_ref()).into_iter().flatten() {
+            for name in image.names.iter().flatten() {
+                images.insert(normalized_image(name), image.size_bytes.unwrap_or(0));
+            }
+        }
+        NodeSpec {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            taints: spec.and_then(|s| s.taints.as_ref()).into_iter().flatten().filter_map(Taint::from_k8s).collect(),
+            unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            allocatable: Resources::from_list(allocatable),
+            allowed_pods: allocatable.and_then(|a| a.get("pods")).map_or(DEFAULT_ALLOWED_PODS, value),
+            runtime_handlers: status
+                .and_then(|s| s.runtime_handlers.as_ref())
+                .map(|hs| hs.iter().map(|h| h.name.clone().unwrap_or_default()).collect()),
+            images,
+        }
+    }
+
+    pub fn supports_handler(&self, handler: &str) -> bool {
+        self.runtime_handlers.as_ref().is_none_or(|hs| hs.contains(handler))
+    }
+}
+
+/// A node with the pods on it.
+#[derive(Clone, Debug, Default)]
+pub struct NodeInfo {
+    pub node: NodeSpec,
+    pub pods: Vec<Arc<PodInfo>>,
+    pub requested: Resources,
+    pub non_zero_requested: Resources,
+    pub used_ports: Vec<HostPort>,
+    /// Pods on the node with any (anti-)affinity term, and with a required anti-affinity term:
+    /// lets inter-pod affinity skip nodes that have none.
+    pub pods_with_affinity: usize,
+    pub pods_with_required_anti_affinity: usize,
+}
+
+impl NodeInfo {
+    pub fn new(node: NodeSpec) -> NodeInfo {
+        NodeInfo { node, ..Default::default() }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.node.name
+    }
+
+    pub fn add_pod(&mut self, pod: Arc<PodInfo>) {
+        self.requested.add(&pod.requests);
+        self.non_zero_requested.add(&pod.non_zero_requests);
+        self.used_ports.extend(pod.host_ports.iter().cloned());
+        self.pods_with_affinity += usize::from(pod.has_affinity());
+        self.pods_with_required_anti_affinity += usize::from(pod.has_required_anti_affinity());
+        self.pods.push(pod);
+    }
+
+    /// Removes the pod with this UID; false if it was not here.
+    pub fn remove_pod(&mut self, uid: &str) -> bool {
+        let Some(i) = self.pods.iter().position(|p| p.uid == uid) else { return false };
+        let pod = self.pods.swap_remove(i);
+        self.requested.sub(&pod.requests);
+        self.non_zero_requested.sub(&pod.non_zero_requests);
+        for port in &pod.host_ports {
+            if let Some(j) = self.used_ports.iter().position(|p| p == port) {
+                self.used_ports.swap_remove(j);
+            }
+        }
+        self.pods_with_affinity -= usize::from(pod.has_affinity());
+        self.pods_with_required_anti_affinity -= usize::from(pod.has_required_anti_affinity());
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(json: serde_json::Value) -> NodeSpec {
+        NodeSpec::from_node(&serde_json::from_value(json).unwrap())
+    }
+
+    #[test]
+    fn a_node_is_parsed_into_what_the_plugins_read() {
+        let n = node(serde_json::json!({
+            "metadata": {"name": "n1", "labels": {"zone": "a"}},
+            "spec": {"unschedulable": true, "taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]},
+            "status": {
+                "allocatable": {"cpu": "2", "memory": "4Gi", "pods": "50"},
+                "runtimeHandlers": [{"name": "runc"}, {"name": ""}],
+                "images": [{"names": ["docker.io/library/nginx:1", "nginx"], "sizeBytes": 1000}]
+            }
+        }));
+        assert_eq!(n.name, "n1");
+        assert!(n.unschedulable);
+        assert_eq!(n.taints.len(), 1);
+        assert_eq!(n.allocatable.milli_cpu, 2000);
+        assert_eq!(n.allocatable.memory, 4 << 30);
+        assert_eq!(n.allowed_pods, 50);
+        assert!(n.supports_handler("runc") && n.supports_handler(""));
+        assert!(!n.supports_handler("gvisor"));
+        assert_eq!(n.images.get("nginx:latest"), Some(&1000));
+    }
+
+    #[test]
+    fn a_node_without_runtime_handlers_supports_every_handler_and_110_pods() {
+        let n = node(serde_json::json!({"metadata": {"name": "n"}, "status": {"capacity": {"cpu": "1"}}}));
+        assert!(n.supports_handler("gvisor"));
+        assert_eq!(n.allowed_pods, 110);
+        assert_eq!(n.allocatable.milli_cpu, 1000);
+    }
+
+    #[test]
+    fn pods_add_and_remove_their_requests_and_ports() {
+        let mut info = NodeInfo::new(NodeSpec::default());
+        let pod = Arc::new(PodInfo {
+            uid: "u".into(),
+            requests: Resources { milli_cpu: 100, memory: 10, ephemeral_storage: 0 },
+            host_ports: vec![HostPort { ip: "0.0.0.0".into(), protocol: "TCP".into(), port: 80 }],
+            ..Default::default()
+        });
+        info.add_pod(pod);
+        assert_eq!(info.requested.milli_cpu, 100);
+        assert_eq!(info.used_ports.len(), 1);
+        assert!(info.remove_pod("u"));
+        assert!(!info.remove_pod("u"));
+        assert!(info.requested.is_zero() && info.used_ports.is_empty() && info.pods.is_empty());
+    }
+}
