@@ -28,6 +28,8 @@ use crate::record::{self, Decision, Observer};
 
 /// client-go's `JitterFactor`: campaign rounds are `retry_period` apart plus up to 1.2× more.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
+/// How long after a holder's expiry a waiting candidate reads the Lease again.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(50);
 
 /// One candidate in the election for one Lease.
 ///
@@ -45,8 +47,8 @@ pub struct LeaderElector {
 enum Round {
     /// The Lease now names us (created, renewed or taken over).
     Held,
-    /// Another holder's lease is live.
-    HeldBy(String),
+    /// Another holder's lease is live until `expires_at` by our clock.
+    HeldBy { holder: String, expires_at: Instant },
     /// Another write came first (409); read again next round.
     Raced,
 }
@@ -160,13 +162,19 @@ impl LeaderElector {
     async fn campaign(&mut self) -> Instant {
         loop {
             let started = Instant::now();
+            let mut wait = jittered(self.config.retry_period);
             match self.round().await {
                 Ok(Round::Held) => return started,
-                Ok(Round::HeldBy(holder)) => debug!(lease = %self.key(), holder = %holder, "lease held by another"),
+                Ok(Round::HeldBy { holder, expires_at }) => {
+                    debug!(lease = %self.key(), holder = %holder, "lease held by another");
+                    // Read again right when it would expire, not up to a jittered period later:
+                    // a dead holder's pods wait that much less.
+                    wait = wait.min(expires_at.saturating_duration_since(Instant::now()) + EXPIRY_MARGIN);
+                }
                 Ok(Round::Raced) => debug!(lease = %self.key(), "another candidate won this round"),
                 Err(e) => warn!(lease = %self.key(), error = &e as &dyn std::error::Error, "acquiring lease"),
             }
-            tokio::time::sleep(jittered(self.config.retry_period)).await;
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -195,7 +203,7 @@ impl LeaderElector {
             match outcome {
                 Err(_elapsed) => return TermEnd::Lost(Loss::RenewDeadline),
                 Ok((started, Ok(Round::Held))) => renewed_at = started,
-                Ok((_, Ok(Round::HeldBy(holder)))) => return TermEnd::Lost(Loss::TakenBy(holder)),
+                Ok((_, Ok(Round::HeldBy { holder, .. }))) => return TermEnd::Lost(Loss::TakenBy(holder)),
                 Ok((_, Ok(Round::Raced))) => debug!(lease = %self.key(), "renewal raced with another write"),
                 Ok((_, Err(e))) => warn!(lease = %self.key(), error = &e as &dyn std::error::Error, "renewing lease"),
             }
@@ -226,7 +234,7 @@ impl LeaderElector {
         let current = lease.spec.take().unwrap_or_default();
         let observed_at = self.observer.observe(&current, now);
         match record::decide(&current, observed_at, now, Timestamp::now(), &self.config) {
-            Decision::Wait { holder, .. } => Ok(Round::HeldBy(holder)),
+            Decision::Wait { holder, expires_at } => Ok(Round::HeldBy { holder, expires_at }),
             Decision::Write(spec) => {
                 lease.spec = Some(spec);
                 // `lease` keeps the resourceVersion we read: the write is conditional on it.

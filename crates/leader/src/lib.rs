@@ -18,7 +18,9 @@
 //!
 //! A `409` on create (AlreadyExists) or update (Conflict) means another candidate won the round;
 //! the next round reads again. Campaigning candidates try every `retry_period` jittered up to
-//! 2.2×, as client-go's `JitterUntil(retryPeriod, 1.2)`; the leader renews every `retry_period`.
+//! 2.2×, as client-go's `JitterUntil(retryPeriod, 1.2)`, or right when the holder's lease would
+//! expire if that is sooner (so a dead holder is replaced one lease duration after it was last
+//! seen renewing); the leader renews every `retry_period`.
 //!
 //! Leadership ends, and the `lead` future is dropped, when (a) no renewal has succeeded for
 //! `renew_deadline`, counted from the start of the last successful round (a request in flight is

@@ -172,15 +172,19 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// With extra flags after the harness's own (e.g. `--no-scheduler`).
+    pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut command = Command::new(berth_binary());
-        command.args(["server", "--data-dir"]).arg(dir.path().join("data")).args([
-            "--secure-port",
-            &port.to_string(),
-            "--compaction-interval-seconds",
-            "3600",
-        ]);
+        command
+            .args(["server", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--secure-port", &port.to_string(), "--compaction-interval-seconds", "3600"])
+            .args(extra);
         let process = Process::spawn("berth server", command, dir.path().join("server.log"));
         let mut server = Server { process, dir, port };
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -232,6 +236,38 @@ impl Server {
 
     pub async fn node(&self, name: &str) -> Option<Node> {
         kube::Api::<Node>::all(self.client().await).get_opt(name).await.unwrap()
+    }
+}
+
+/// `berth scheduler` alone against a server's admin kubeconfig; SIGKILLed on drop.
+pub struct Scheduler {
+    process: Option<Process>,
+    _dir: tempfile::TempDir,
+}
+
+impl Scheduler {
+    pub fn start(server: &Server) -> Scheduler {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new(berth_binary());
+        command.arg("scheduler").arg("--kubeconfig").arg(server.kubeconfig());
+        let mut process = Process::spawn("berth scheduler", command, dir.path().join("scheduler.log"));
+        std::thread::sleep(Duration::from_millis(50));
+        process.check_alive();
+        Scheduler { process: Some(process), _dir: dir }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(Process::pid)
+    }
+
+    pub fn log(&self) -> String {
+        self.process.as_ref().map(Process::log).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.kill9();
+        }
     }
 }
 
