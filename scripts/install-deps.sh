@@ -42,8 +42,12 @@ if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${m
   exit 1
 fi
 rm -f "$LOG"
-# The packages may have started their daemons despite policy-rc.d on some hosts; berth starts its own.
-pkill -x etcd 2>/dev/null || true
-pkill -f docker-registry 2>/dev/null || true
+# The packages may have started their services despite policy-rc.d on some hosts; berth starts
+# its own. Stop only those packaged units (never processes by name: the user may run their own).
+if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
+  for unit in etcd docker-registry; do
+    systemctl disable --now "$unit" >/dev/null 2>&1 || true
+  done
+fi
 fix_crun
 echo "install-deps: done"
