@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use berth_testenv::Registry;
 use berth_testenv::images::{Format, busybox_image};
-use common::{Agent, Runtime, Scheduler, Server, agent_toml, condition, eventually, eventually_within};
+use common::{Agent, ControlPart, Runtime, Server, agent_toml, condition, eventually, eventually_within};
 
 const NODE: &str = "node-sched";
 
@@ -128,7 +128,7 @@ async fn a_standalone_scheduler_places_pods_and_its_standby_takes_over_when_it_i
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(server.kubectl_ok(&["get", "pod", "waiting", "-o", "jsonpath={.spec.nodeName}"]), "");
 
-    let mut schedulers = [Scheduler::start(&server), Scheduler::start(&server)];
+    let mut schedulers = [ControlPart::scheduler(&server), ControlPart::scheduler(&server)];
     let leader = eventually("one scheduler holding the lease", || async {
         let leading: Vec<usize> = (0..2).filter(|&i| schedulers[i].log().contains("acquired leadership")).collect();
         (leading.len() == 1).then(|| leading[0])

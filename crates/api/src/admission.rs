@@ -1,4 +1,6 @@
-//! RuntimeClass admission of pods, as Kubernetes' built-in plugin, plus berth's default class.
+//! The pure parts of the admission plugins that change pods: RuntimeClass (as Kubernetes'
+//! built-in plugin, plus berth's default class) and DefaultTolerationSeconds. The server runs
+//! them in its admission chain with the objects they need already looked up.
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use k8s_openapi::api::node::v1::RuntimeClass;
@@ -25,17 +27,20 @@ pub fn default_runtime_class(classes: &[RuntimeClass]) -> Option<&RuntimeClass> 
         })
 }
 
-/// Admits a pod on CREATE against the class it names (already looked up; `None` = not found).
-/// `Err` carries the message of the 403 Forbidden status (the server prefixes it with
-/// `pods "<name>" is forbidden: `, as Kubernetes' admission errors read).
+/// Admits a pod on CREATE against the class it names (already looked up; `None` = not found):
+/// the RuntimeClass plugin's mutation ([`set_runtime_class`]) then its validation
+/// ([`validate_runtime_class`]). `Err` carries the message of the 403 Forbidden status (the
+/// server prefixes it with `pods "<name>" is forbidden: `, as Kubernetes' admission errors read).
 pub fn admit_runtime_class(pod: &mut Pod, class: Option<&RuntimeClass>) -> Result<(), String> {
+    set_runtime_class(pod, class)?;
+    validate_runtime_class(pod, class)
+}
+
+/// The RuntimeClass plugin's mutating half: a named class must exist; its overhead is copied
+/// into the pod (a pod-supplied one must equal it) and its scheduling merged into the pod's.
+pub fn set_runtime_class(pod: &mut Pod, class: Option<&RuntimeClass>) -> Result<(), String> {
     let spec = pod.spec.get_or_insert_with(Default::default);
-    let pod_overhead_set = spec.overhead.as_ref().is_some_and(|o| !o.is_empty());
     let Some(name) = spec.runtime_class_name.clone() else {
-        // No class: an overhead the pod sets itself has nothing to match.
-        if pod_overhead_set {
-            return Err("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into());
-        }
         return Ok(());
     };
     let Some(class) = class else {
@@ -43,20 +48,13 @@ pub fn admit_runtime_class(pod: &mut Pod, class: Option<&RuntimeClass>) -> Resul
     };
 
     // Overhead: copied from the class; a pod-supplied one must equal it.
-    match class.overhead.as_ref().map(|o| o.pod_fixed.clone().unwrap_or_default()) {
-        Some(class_fixed) => {
-            if let Some(own) = spec.overhead.as_ref().filter(|o| !o.is_empty())
-                && !resource_lists_equal(own, &class_fixed)
-            {
-                return Err("pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead".into());
-            }
-            spec.overhead = if class_fixed.is_empty() { None } else { Some(class_fixed) };
+    if let Some(class_fixed) = class.overhead.as_ref().map(|o| o.pod_fixed.clone().unwrap_or_default()) {
+        if let Some(own) = spec.overhead.as_ref().filter(|o| !o.is_empty())
+            && !resource_lists_equal(own, &class_fixed)
+        {
+            return Err(OVERHEAD_MISMATCH.into());
         }
-        None => {
-            if pod_overhead_set {
-                return Err("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into());
-            }
-        }
+        spec.overhead = if class_fixed.is_empty() { None } else { Some(class_fixed) };
     }
 
     // Scheduling: the class's node selector joins the pod's, and its tolerations are merged.
@@ -77,6 +75,27 @@ pub fn admit_runtime_class(pod: &mut Pod, class: Option<&RuntimeClass>) -> Resul
         let merged =
             merge_tolerations(spec.tolerations.as_deref().unwrap_or(&[]), sched.tolerations.as_deref().unwrap_or(&[]));
         spec.tolerations = if merged.is_empty() { None } else { Some(merged) };
+    }
+    Ok(())
+}
+
+const OVERHEAD_MISMATCH: &str = "pod rejected: Pod's Overhead doesn't match RuntimeClass's defined Overhead";
+
+/// The RuntimeClass plugin's validating half: the pod's overhead is exactly its class's, and a
+/// pod whose class defines none (or that has no class) sets none.
+pub fn validate_runtime_class(pod: &Pod, class: Option<&RuntimeClass>) -> Result<(), String> {
+    let own = pod.spec.as_ref().and_then(|s| s.overhead.as_ref()).filter(|o| !o.is_empty());
+    match class.and_then(|c| c.overhead.as_ref()) {
+        Some(overhead) => {
+            let class_fixed = overhead.pod_fixed.clone().unwrap_or_default();
+            if !resource_lists_equal(&own.cloned().unwrap_or_default(), &class_fixed) {
+                return Err(OVERHEAD_MISMATCH.into());
+            }
+        }
+        None if own.is_some() => {
+            return Err("pod rejected: Pod Overhead set without corresponding RuntimeClass defined Overhead".into());
+        }
+        None => {}
     }
     Ok(())
 }
@@ -133,6 +152,51 @@ pub fn merge_tolerations(pod: &[Toleration], class: &[Toleration]) -> Vec<Tolera
         merged.push((*t).clone());
     }
     merged
+}
+
+/// The taint a node lifecycle controller puts on a node whose Ready condition is not True.
+pub const TAINT_NODE_NOT_READY: &str = "node.kubernetes.io/not-ready";
+/// The taint a node lifecycle controller puts on a node whose Ready condition is Unknown.
+pub const TAINT_NODE_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+/// The DefaultTolerationSeconds plugin's settings: kube-apiserver's
+/// `--default-not-ready-toleration-seconds` and `--default-unreachable-toleration-seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultTolerationSeconds {
+    pub not_ready: i64,
+    pub unreachable: i64,
+}
+
+impl Default for DefaultTolerationSeconds {
+    fn default() -> Self {
+        DefaultTolerationSeconds { not_ready: 300, unreachable: 300 }
+    }
+}
+
+impl DefaultTolerationSeconds {
+    /// The tolerations to append to a pod that has `tolerations`: `not-ready` and `unreachable`
+    /// with effect NoExecute for the configured seconds, each unless a toleration already names
+    /// that key (or no key) with effect NoExecute (or no effect). As the upstream plugin, the
+    /// operator and value are not looked at.
+    pub fn missing(&self, tolerations: &[Toleration]) -> Vec<Toleration> {
+        let covers = |key: &str| {
+            tolerations.iter().any(|t| {
+                let (k, e) = (t.key.as_deref().unwrap_or(""), t.effect.as_deref().unwrap_or(""));
+                (k == key || k.is_empty()) && (e == "NoExecute" || e.is_empty())
+            })
+        };
+        [(TAINT_NODE_NOT_READY, self.not_ready), (TAINT_NODE_UNREACHABLE, self.unreachable)]
+            .into_iter()
+            .filter(|(key, _)| !covers(key))
+            .map(|(key, seconds)| Toleration {
+                key: Some(key.into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoExecute".into()),
+                toleration_seconds: Some(seconds),
+                value: None,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -308,5 +372,54 @@ mod tests {
         let tie = vec![mk("b", 20, true), mk("a", 20, true)];
         assert_eq!(default_runtime_class(&tie).unwrap().metadata.name.as_deref(), Some("a"));
         assert!(default_runtime_class(&[mk("x", 1, false)]).is_none());
+    }
+
+    fn exists(key: &str, effect: &str) -> Toleration {
+        Toleration {
+            key: (!key.is_empty()).then(|| key.into()),
+            operator: Some("Exists".into()),
+            effect: (!effect.is_empty()).then(|| effect.into()),
+            ..Default::default()
+        }
+    }
+
+    fn defaulted(key: &str, seconds: i64) -> Toleration {
+        Toleration { toleration_seconds: Some(seconds), ..exists(key, "NoExecute") }
+    }
+
+    #[test]
+    fn pods_without_node_condition_tolerations_get_both_for_five_minutes() {
+        let added = DefaultTolerationSeconds::default().missing(&[tol("gpu", "NoSchedule", "a")]);
+        assert_eq!(added, vec![defaulted(TAINT_NODE_NOT_READY, 300), defaulted(TAINT_NODE_UNREACHABLE, 300)]);
+        let configured = DefaultTolerationSeconds { not_ready: 60, unreachable: 0 };
+        assert_eq!(
+            configured.missing(&[]),
+            vec![defaulted(TAINT_NODE_NOT_READY, 60), defaulted(TAINT_NODE_UNREACHABLE, 0)]
+        );
+    }
+
+    #[test]
+    fn a_toleration_of_the_key_with_no_execute_or_any_effect_is_kept_alone() {
+        let d = DefaultTolerationSeconds::default();
+        let mut own = defaulted(TAINT_NODE_NOT_READY, 10);
+        assert_eq!(d.missing(&[own.clone()]), vec![defaulted(TAINT_NODE_UNREACHABLE, 300)]);
+        own.effect = None;
+        assert_eq!(d.missing(&[own.clone()]), vec![defaulted(TAINT_NODE_UNREACHABLE, 300)]);
+        // Only NoSchedule: not a toleration of the NoExecute taint.
+        own.effect = Some("NoSchedule".into());
+        assert_eq!(d.missing(&[own]).len(), 2);
+        // As upstream, the operator is not looked at: an Equal toleration counts too.
+        assert_eq!(
+            d.missing(&[tol(TAINT_NODE_UNREACHABLE, "NoExecute", "x")]),
+            vec![defaulted(TAINT_NODE_NOT_READY, 300)]
+        );
+    }
+
+    #[test]
+    fn an_empty_key_tolerates_both_taints() {
+        let d = DefaultTolerationSeconds::default();
+        assert!(d.missing(&[exists("", "")]).is_empty());
+        assert!(d.missing(&[exists("", "NoExecute")]).is_empty());
+        assert_eq!(d.missing(&[exists("", "NoSchedule")]).len(), 2);
     }
 }

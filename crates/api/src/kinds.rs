@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use crate::deletion::GarbageCollectionPolicy;
 use crate::field_error::ErrorType;
 use crate::selector::LabelSelector;
 use crate::validation::{
@@ -66,6 +67,26 @@ fn kind_of(rt: &ResourceType) -> Kind {
         ("apps", "Deployment") => Kind::Deployment,
         ("apps", "ReplicaSet") => Kind::ReplicaSet,
         _ => Kind::Other,
+    }
+}
+
+/// What a delete that chooses no propagation does to the kind's dependents, as the kind's
+/// registry strategy says (`DefaultGarbageCollectionPolicy`): events take no garbage-collection
+/// finalizers; every other kind served here (apps/v1 workloads included) defaults to background.
+pub fn garbage_collection_policy(rt: &ResourceType) -> GarbageCollectionPolicy {
+    match kind_of(rt) {
+        Kind::Event | Kind::EventV1 => GarbageCollectionPolicy::Unsupported,
+        Kind::Namespace
+        | Kind::Pod
+        | Kind::Node
+        | Kind::ConfigMap
+        | Kind::Secret
+        | Kind::ServiceAccount
+        | Kind::Lease
+        | Kind::RuntimeClass
+        | Kind::Deployment
+        | Kind::ReplicaSet
+        | Kind::Other => GarbageCollectionPolicy::DeleteDependents,
     }
 }
 
@@ -1940,5 +1961,14 @@ mod tests {
         assert_eq!(f_v1["source"], "kubelet");
         assert_eq!(f_v1["reportingComponent"], "kubelet");
         assert_eq!(f_v1["type"], "Normal");
+    }
+
+    #[test]
+    fn events_take_no_garbage_collection_finalizers_and_workloads_default_to_background() {
+        assert_eq!(garbage_collection_policy(&EVENTS), GarbageCollectionPolicy::Unsupported);
+        assert_eq!(garbage_collection_policy(&EVENTS_V1), GarbageCollectionPolicy::Unsupported);
+        for rt in [&DEPLOYMENTS, &REPLICASETS, &PODS, &CONFIGMAPS, &NAMESPACES] {
+            assert_eq!(garbage_collection_policy(rt), GarbageCollectionPolicy::DeleteDependents, "{}", rt.plural);
+        }
     }
 }

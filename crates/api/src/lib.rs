@@ -1,7 +1,8 @@
 //! Kubernetes object rules on top of k8s-openapi: defaulting, validation, selectors, admission,
-//! strategic merge patches and server-side tables. Pure functions, no IO.
+//! deletion options, strategic merge patches and server-side tables. Pure functions, no IO.
 
 pub mod admission;
+pub mod deletion;
 pub mod field_error;
 pub mod kinds;
 pub mod resources;

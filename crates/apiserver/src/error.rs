@@ -92,6 +92,23 @@ impl ApiError {
             ..Self::new(422, "Invalid", berth_api::field_error::invalid_message(rt.kind, name, errors))
         }
     }
+    /// 422 for invalid request options of `meta.k8s.io` (`DeleteOptions`, ...), as Kubernetes
+    /// words it: `DeleteOptions.meta.k8s.io "" is invalid: <errors>`.
+    pub fn invalid_options(kind: &str, errors: &[FieldError]) -> Self {
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|e| {
+                let full = e.to_string();
+                let msg = full.strip_prefix(&format!("{}: ", e.field)).unwrap_or(&full).to_string();
+                json!({"reason": e.error_type.reason(), "message": msg, "field": e.field})
+            })
+            .collect();
+        let qualified = format!("{kind}.meta.k8s.io");
+        Self {
+            details: Some(json!({"group": "meta.k8s.io", "kind": kind, "causes": causes})),
+            ..Self::new(422, "Invalid", berth_api::field_error::invalid_message(&qualified, "", errors))
+        }
+    }
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }

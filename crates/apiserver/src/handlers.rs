@@ -7,18 +7,16 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
-use berth_api::resources::{NAMESPACES, PODS, RUNTIMECLASSES};
+use berth_api::resources::{NAMESPACES, PODS};
 use berth_api::selector::{FieldSelector, LabelSelector};
 use berth_api::{FieldError, ResourceType, kinds};
 use berth_store::{ListOptions, StoreError};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::node::v1::RuntimeClass;
 use serde_json::{Value, json};
 
 use crate::objects::{self, meta_mut};
 use crate::request::{self, FieldValidation, Output, Query, Target};
-use crate::{ApiError, ApiResult, ApiState, watch};
+use crate::{ApiError, ApiResult, ApiState, admission, delete, watch};
 
 /// `/api/v1/...`
 pub async fn core_entry(
@@ -126,8 +124,8 @@ async fn dispatch(
             let bytes = request::read_body(body).await?;
             patch(state, t, q, headers, &bytes, sub).await
         }
-        (&Method::DELETE, Some(_), None) => delete(state, t, q, &request::read_body(body).await?).await,
-        (&Method::DELETE, None, None) => delete_collection(state, t, q, &request::read_body(body).await?).await,
+        (&Method::DELETE, Some(_), None) => delete::delete(state, t, q, &request::read_body(body).await?).await,
+        (&Method::DELETE, None, None) => delete::delete_collection(state, t, q, &request::read_body(body).await?).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "the server does not allow this method on the requested resource ({method} {})",
             t.rt.plural
@@ -138,7 +136,7 @@ async fn dispatch(
 // ---------------------------------------------------------------------------------------------
 // Reading
 
-fn json_response(code: StatusCode, body: &Value) -> Response {
+pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response {
     (code, [(http::header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
@@ -416,74 +414,6 @@ fn generate_name(base: &str) -> String {
     format!("{base}{suffix}")
 }
 
-/// Checks that the namespace exists and is not terminating before content is created in it.
-async fn check_namespace(state: &ApiState, rt: &ResourceType, ns: &str, name: &str) -> ApiResult<()> {
-    let kv = state
-        .store
-        .get(&objects::key(&NAMESPACES, None, ns))
-        .await
-        .map_err(|e| ApiError::from_store(e, &NAMESPACES, ns))?
-        .ok_or_else(|| ApiError::namespace_not_found(ns))?;
-    let nsobj = objects::decode_kv(&NAMESPACES, &kv)?;
-    if objects::is_deleting(&nsobj) {
-        let mut e = ApiError::forbidden(
-            rt,
-            name,
-            &format!("unable to create new content in namespace {ns} because it is being terminated"),
-        );
-        if let Some(d) = e.details.as_mut() {
-            d["causes"] = json!([{"reason": "NamespaceTerminating", "message": format!("namespace {ns} is being terminated"), "field": "metadata.namespace"}]);
-        }
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// RuntimeClass admission on pod create: the default class, overhead and scheduling merge.
-async fn admit_pod(state: &ApiState, obj: &mut Value) -> ApiResult<()> {
-    let mut pod: Pod = serde_json::from_value(obj.clone()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let spec = pod.spec.get_or_insert_with(Default::default);
-    let classes = || async {
-        let res = state
-            .store
-            .list(&objects::prefix(&RUNTIMECLASSES, None), &ListOptions::default())
-            .await
-            .map_err(|e| ApiError::from_store(e, &RUNTIMECLASSES, ""))?;
-        res.items
-            .iter()
-            .map(|kv| {
-                let v = objects::decode_kv(&RUNTIMECLASSES, kv)?;
-                serde_json::from_value::<RuntimeClass>(v).map_err(|e| ApiError::internal(e.to_string()))
-            })
-            .collect::<ApiResult<Vec<_>>>()
-    };
-    let class = match spec.runtime_class_name.clone().filter(|n| !n.is_empty()) {
-        Some(name) => match state.store.get(&objects::key(&RUNTIMECLASSES, None, &name)).await {
-            Ok(Some(kv)) => Some(
-                serde_json::from_value::<RuntimeClass>(objects::decode_kv(&RUNTIMECLASSES, &kv)?)
-                    .map_err(|e| ApiError::internal(e.to_string()))?,
-            ),
-            Ok(None) => None,
-            Err(e) => return Err(ApiError::from_store(e, &RUNTIMECLASSES, &name)),
-        },
-        None => {
-            let all = classes().await?;
-            match berth_api::admission::default_runtime_class(&all) {
-                Some(default) => {
-                    spec.runtime_class_name = default.metadata.name.clone();
-                    Some(default.clone())
-                }
-                None => None,
-            }
-        }
-    };
-    let name = objects::name(obj).to_string();
-    berth_api::admission::admit_runtime_class(&mut pod, class.as_ref())
-        .map_err(|why| ApiError::forbidden(&PODS, &name, &why))?;
-    *obj = serde_json::to_value(&pod).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(())
-}
-
 // ---------------------------------------------------------------------------------------------
 // Writing
 
@@ -529,18 +459,12 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
         let e = FieldError::required("metadata.name", "name or generateName is required");
         return Err(ApiError::invalid(rt, "", &[e]));
     }
-    if rt.namespaced {
-        check_namespace(state, rt, t.namespace.as_deref().unwrap_or(""), &name).await?;
-    }
     kinds::prepare_for_create(rt, &mut obj);
-    crate::authz::admit_create(t, &obj)?;
-    if std::ptr::eq(rt, &PODS) {
-        admit_pod(state, &mut obj).await?;
-    }
-    let errors = kinds::validate_create(rt, &obj);
-    if !errors.is_empty() {
-        return Err(ApiError::invalid(rt, &name, &errors));
-    }
+    admission::create(state, t, &mut obj, |obj| {
+        let errors = kinds::validate_create(rt, obj);
+        if errors.is_empty() { Ok(()) } else { Err(ApiError::invalid(rt, &name, &errors)) }
+    })
+    .await?;
     if q.dry_run() {
         return Ok(with_warnings(json_response(StatusCode::CREATED, &obj), &warnings));
     }
@@ -572,7 +496,7 @@ fn keep_system_metadata(new: &mut Value, old: &Value) {
 }
 
 /// The object is being deleted and nothing holds it any more: it can leave the store.
-fn ready_to_remove(rt: &ResourceType, obj: &Value) -> bool {
+pub(crate) fn ready_to_remove(rt: &ResourceType, obj: &Value) -> bool {
     if !objects::is_deleting(obj) || !objects::finalizers(obj).is_empty() {
         return false;
     }
@@ -589,7 +513,7 @@ fn ready_to_remove(rt: &ResourceType, obj: &Value) -> bool {
 }
 
 /// Writes `new` over `old` (revision `rev`) and removes it if it is finished deleting.
-async fn write_update(
+pub(crate) async fn write_update(
     state: &ApiState,
     t: &Target,
     name: &str,
@@ -625,8 +549,7 @@ async fn write_update(
 }
 
 /// Shared by PUT and PATCH: turns the client's `new` into what is written over `old`.
-fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&str>) -> ApiResult<Value> {
-    let name = objects::name(old).to_string();
+fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&str>) -> Value {
     match sub {
         Some("status") => {
             // Only status changes through /status.
@@ -667,13 +590,19 @@ fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&s
                 }
             }
             kinds::prepare_for_update(rt, &mut new, old);
-            let errors = kinds::validate_update(rt, &new, old);
-            if !errors.is_empty() {
-                return Err(ApiError::invalid(rt, &name, &errors));
-            }
         }
     }
-    Ok(new)
+    new
+}
+
+/// Shared by PUT and PATCH: the kind's validation of an update of the main resource (the
+/// `status` and `finalize` subresources change only what their preparation let through).
+fn validate_update(rt: &ResourceType, new: &Value, old: &Value, sub: Option<&str>) -> ApiResult<()> {
+    if matches!(sub, Some("status" | "finalize")) {
+        return Ok(());
+    }
+    let errors = kinds::validate_update(rt, new, old);
+    if errors.is_empty() { Ok(()) } else { Err(ApiError::invalid(rt, objects::name(old), &errors)) }
 }
 
 fn check_precondition(rt: &ResourceType, name: &str, new: &Value, current_rev: i64) -> ApiResult<()> {
@@ -712,8 +641,8 @@ async fn update(
     }
     let (old, rev) = load(state, t, name).await?;
     check_precondition(rt, name, &new, rev)?;
-    let new = prepare_update(rt, new, &old, sub)?;
-    crate::authz::admit_update(t, &old, &new)?;
+    let mut new = prepare_update(rt, new, &old, sub);
+    admission::update(state, t, &old, &mut new, |new| validate_update(rt, new, &old, sub)).await?;
     let written = write_update(state, t, name, new, &old, rev, q.dry_run()).await?;
     Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings))
 }
@@ -783,8 +712,8 @@ async fn patch(
             )));
         }
         objects::set_resource_version(&mut new, rev);
-        let new = prepare_update(rt, new, &old, sub)?;
-        crate::authz::admit_update(t, &old, &new)?;
+        let mut new = prepare_update(rt, new, &old, sub);
+        admission::update(state, t, &old, &mut new, |new| validate_update(rt, new, &old, sub)).await?;
         match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
             Ok(written) => return Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings)),
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
@@ -799,11 +728,15 @@ async fn patch(
 
 async fn bind(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> ApiResult<Response> {
     let name = t.name.as_deref().unwrap_or_default();
-    let binding = request::decode_body(headers, body)?;
+    let mut binding = request::decode_body(headers, body)?;
     let node = binding.pointer("/target/name").and_then(Value::as_str).unwrap_or("").to_string();
-    if node.is_empty() {
-        return Err(ApiError::invalid(&PODS, name, &[FieldError::required("target.name", "")]));
-    }
+    admission::create(state, t, &mut binding, |_| {
+        if node.is_empty() {
+            return Err(ApiError::invalid(&PODS, name, &[FieldError::required("target.name", "")]));
+        }
+        Ok(())
+    })
+    .await?;
     for _ in 0..16 {
         let (old, rev) = load(state, t, name).await?;
         if objects::is_deleting(&old) {
@@ -911,7 +844,8 @@ async fn update_scale(state: &ApiState, t: &Target, q: &Query, change: ScaleChan
         }
         let mut new = old.clone();
         new["spec"]["replicas"] = json!(replicas);
-        let new = prepare_update(rt, new, &old, None)?;
+        let mut new = prepare_update(rt, new, &old, None);
+        admission::update(state, t, &old, &mut new, |new| validate_update(rt, new, &old, None)).await?;
         match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
             Ok(written) => return Ok(json_response(StatusCode::OK, &scale_of(&written))),
             Err(e) if e.code == 409 && matches!(change, ScaleChange::Patch(..)) => continue,
@@ -919,175 +853,6 @@ async fn update_scale(state: &ApiState, t: &Target, q: &Query, change: ScaleChan
         }
     }
     Err(ApiError::conflict(rt, name))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Deleting
-
-#[derive(Default, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DeleteOptions {
-    grace_period_seconds: Option<i64>,
-    preconditions: Option<Preconditions>,
-    dry_run: Option<Vec<String>>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Preconditions {
-    uid: Option<String>,
-    resource_version: Option<String>,
-}
-
-fn delete_options(q: &Query, body: &[u8]) -> ApiResult<DeleteOptions> {
-    let mut opts: DeleteOptions = if body.iter().all(u8::is_ascii_whitespace) {
-        DeleteOptions::default()
-    } else {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
-    };
-    if let Some(g) = q.int("gracePeriodSeconds")? {
-        opts.grace_period_seconds = Some(g);
-    }
-    if q.dry_run() {
-        opts.dry_run = Some(vec!["All".into()]);
-    }
-    Ok(opts)
-}
-
-fn success_status(rt: &ResourceType, obj: &Value) -> Value {
-    let mut details = json!({"name": objects::name(obj), "kind": rt.plural, "uid": objects::meta(obj).get("uid")});
-    if !rt.group.is_empty() {
-        details["group"] = json!(rt.group);
-    }
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
-}
-
-/// Deletes one object as Kubernetes does: namespaces start terminating, bound pods get their
-/// grace period, finalizers keep an object until they are removed. Returns the response body.
-pub(crate) async fn delete_object(
-    state: &ApiState,
-    t: &Target,
-    name: &str,
-    q: &Query,
-    body: &[u8],
-) -> ApiResult<Value> {
-    let rt = t.rt;
-    let opts = delete_options(q, body)?;
-    let dry_run = opts.dry_run.as_ref().is_some_and(|d| d.iter().any(|x| x == "All"));
-    for _ in 0..16 {
-        let (old, rev) = load(state, t, name).await?;
-        if let Some(p) = &opts.preconditions {
-            let uid = objects::meta_str(&old, "uid").unwrap_or("");
-            if let Some(want) = p.uid.as_deref().filter(|u| *u != uid) {
-                return Err(ApiError::conflict_with(
-                    rt,
-                    name,
-                    &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"),
-                ));
-            }
-            if let Some(want) = p.resource_version.as_deref().filter(|r| *r != rev.to_string()) {
-                return Err(ApiError::conflict_with(
-                    rt,
-                    name,
-                    &format!(
-                        "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rev}"
-                    ),
-                ));
-            }
-        }
-        crate::authz::admit_delete(t, &old)?;
-        let mut new = old.clone();
-        let now = jiff::Timestamp::now();
-        let pending = if std::ptr::eq(rt, &NAMESPACES) {
-            if objects::is_deleting(&old) {
-                return Ok(old);
-            }
-            let m = meta_mut(&mut new);
-            m.insert("deletionTimestamp".into(), json!(objects::rfc3339(now)));
-            m.insert("deletionGracePeriodSeconds".into(), json!(0));
-            new["status"]["phase"] = json!("Terminating");
-            true
-        } else {
-            let mut grace = 0;
-            if std::ptr::eq(rt, &PODS) {
-                let bound = old.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
-                let finished =
-                    matches!(old.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"));
-                let default = old.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(30);
-                grace = opts.grace_period_seconds.unwrap_or(default).max(0);
-                if !bound || finished {
-                    grace = 0;
-                }
-            }
-            let existing = objects::meta(&old).get("deletionGracePeriodSeconds").and_then(Value::as_i64);
-            if objects::is_deleting(&old) && existing.is_some_and(|g| g <= grace) {
-                // Already terminating with no longer grace: nothing to shorten.
-                if !(grace == 0 && ready_after(rt, &old, 0)) {
-                    return Ok(old);
-                }
-            }
-            let m = meta_mut(&mut new);
-            let at = now.checked_add(jiff::SignedDuration::from_secs(grace)).unwrap_or(now);
-            m.insert("deletionTimestamp".into(), json!(objects::rfc3339(at)));
-            m.insert("deletionGracePeriodSeconds".into(), json!(grace));
-            !ready_to_remove(rt, &new)
-        };
-        if dry_run {
-            return Ok(if pending { new } else { success_status(rt, &old) });
-        }
-        let written = if pending {
-            write_update(state, t, name, new, &old, rev, false).await
-        } else {
-            let key = objects::key(rt, t.namespace.as_deref(), name);
-            let started = Instant::now();
-            let r = state.store.delete(&key, Some(rev)).await.map_err(|e| ApiError::from_store(e, rt, name));
-            state.metrics.observe_store("delete", started.elapsed());
-            r.map(|_| success_status(rt, &old))
-        };
-        match written {
-            Ok(v) => {
-                if std::ptr::eq(rt, &NAMESPACES) {
-                    state.namespace_deleted.notify_one();
-                }
-                return Ok(v);
-            }
-            Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ApiError::conflict(rt, name))
-}
-
-fn ready_after(rt: &ResourceType, obj: &Value, grace: i64) -> bool {
-    let mut v = obj.clone();
-    meta_mut(&mut v).insert("deletionGracePeriodSeconds".into(), json!(grace));
-    ready_to_remove(rt, &v)
-}
-
-async fn delete(state: &ApiState, t: &Target, q: &Query, body: &[u8]) -> ApiResult<Response> {
-    let name = t.name.as_deref().unwrap_or_default();
-    let out = delete_object(state, t, name, q, body).await?;
-    Ok(json_response(StatusCode::OK, &out))
-}
-
-async fn delete_collection(state: &ApiState, t: &Target, q: &Query, body: &[u8]) -> ApiResult<Response> {
-    let sel = Selectors::from_query(t.rt, q)?;
-    let page = list_objects(state, t, &sel, None, None).await?;
-    let mut deleted = Vec::new();
-    for obj in page.items {
-        let name = objects::name(&obj).to_string();
-        let mut target = t.clone();
-        if t.rt.namespaced {
-            target.namespace = objects::meta_str(&obj, "namespace").map(str::to_string);
-        }
-        match delete_object(state, &target, &name, q, body).await {
-            Ok(_) => deleted.push(obj),
-            Err(e) if e.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let body = json!({"kind": t.rt.list_kind(), "apiVersion": t.rt.api_version(), "metadata": {"resourceVersion": page.revision.to_string()}, "items": deleted});
-    Ok(json_response(StatusCode::OK, &body))
 }
 
 #[cfg(test)]

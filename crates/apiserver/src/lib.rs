@@ -4,8 +4,10 @@
 //! [`router`] builds the whole API as one axum `Router` (a tower `Service`), so tests can hand it
 //! straight to a `kube::Client`; [`server::run`] serves it over TLS with bearer-token auth.
 
+pub mod admission;
 pub mod authn;
 pub mod authz;
+pub mod delete;
 pub mod discovery;
 pub mod error;
 pub mod handlers;
@@ -46,18 +48,22 @@ pub struct ApiState {
     /// `None` serves every request as admin: for in-process tests only.
     pub authenticator: Option<authn::TokenAuthenticator>,
     pub metrics: metrics::Metrics,
-    /// Wakes the namespace lifecycle loop when a namespace is deleted.
-    pub namespace_deleted: tokio::sync::Notify,
+    /// Settings of the admission chain.
+    pub admission: admission::Admission,
 }
 
 impl ApiState {
+    /// A state with the admission chain's defaults.
     pub fn new(store: Arc<dyn Store>, authenticator: Option<authn::TokenAuthenticator>) -> Arc<Self> {
-        Arc::new(Self {
-            store,
-            authenticator,
-            metrics: metrics::Metrics::new(),
-            namespace_deleted: tokio::sync::Notify::new(),
-        })
+        Self::with_admission(store, authenticator, admission::Admission::default())
+    }
+
+    pub fn with_admission(
+        store: Arc<dyn Store>,
+        authenticator: Option<authn::TokenAuthenticator>,
+        admission: admission::Admission,
+    ) -> Arc<Self> {
+        Arc::new(Self { store, authenticator, metrics: metrics::Metrics::new(), admission })
     }
 }
 

@@ -10,6 +10,7 @@ use berth_store::Store;
 use berth_store::etcd::EtcdStore;
 use berth_store::sqlite::SqliteStore;
 
+use crate::admission::Admission;
 use crate::authn::TokenAuthenticator;
 use crate::{ApiState, lifecycle, tls};
 
@@ -23,6 +24,8 @@ pub struct ServerConfig {
     pub token_auth_file: Option<PathBuf>,
     pub extra_sans: Vec<String>,
     pub compaction_interval: Duration,
+    /// Settings of the admission chain (`--default-not-ready-toleration-seconds`, ...).
+    pub admission: Admission,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +99,7 @@ impl PreparedServer {
             authn.load_token_file(path).map_err(ServerError::Tokens)?;
         }
         authn.watch_token_file(&cfg.data_dir.join(crate::authn::NODE_TOKEN_FILE)).map_err(ServerError::Tokens)?;
-        let state = ApiState::new(store, Some(authn));
+        let state = ApiState::with_admission(store, Some(authn), cfg.admission);
         lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
         Ok(PreparedServer {
             state,
@@ -127,7 +130,6 @@ impl PreparedServer {
     /// Serves until SIGINT or SIGTERM, with the housekeeping loops.
     pub async fn serve(self) -> Result<(), ServerError> {
         let state = self.state;
-        tokio::spawn(lifecycle::run_namespace_lifecycle(state.clone()));
         tokio::spawn(lifecycle::run_compactor(state.clone(), self.compaction_interval));
         let rustls = tls::rustls_config(&self.pki).map_err(ServerError::Tls)?;
         let addr = self.addr;

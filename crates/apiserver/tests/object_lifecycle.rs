@@ -2,7 +2,6 @@
 //! deletion, finalizers, namespace termination, scale, dry runs and default namespaces.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use berth_apiserver::{ApiState, lifecycle, router};
 use berth_store::sqlite::SqliteStore;
@@ -16,7 +15,6 @@ async fn setup() -> (kube::Client, Arc<ApiState>, tempfile::TempDir) {
     let store = SqliteStore::open(&dir.path().join("state.db")).unwrap();
     let state = ApiState::new(Arc::new(store), None);
     lifecycle::bootstrap(&state).await.unwrap();
-    tokio::spawn(lifecycle::run_namespace_lifecycle(state.clone()));
     let client = kube::Client::new(router(state.clone()), "default");
     (client, state, dir)
 }
@@ -106,31 +104,38 @@ async fn finalizers_hold_an_object_until_they_are_removed() {
     assert!(cms.get_opt("held").await.unwrap().is_none());
 }
 
+/// The server's half of namespace deletion: the namespace terminates and refuses new content;
+/// once its content is gone and the `kubernetes` finalizer is removed through `finalize`, it
+/// disappears. (Emptying it is the namespace controller's half, tested in berth-controllers.)
 #[tokio::test]
-async fn a_deleted_namespace_terminates_empties_and_disappears() {
+async fn a_deleted_namespace_terminates_and_disappears_once_finalized() {
     let (client, _s, _d) = setup().await;
     let nss: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "gone"}})).unwrap();
-    nss.create(&PostParams::default(), &ns).await.unwrap();
+    let created = nss.create(&PostParams::default(), &ns).await.unwrap();
+    assert_eq!(created.spec.unwrap().finalizers, Some(vec!["kubernetes".to_string()]));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "gone");
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     nss.delete("gone", &DeleteParams::default()).await.unwrap();
-    // While terminating, nothing new may be created in it.
-    if let Ok(Some(n)) = nss.get_opt("gone").await {
-        assert_eq!(n.status.unwrap().phase.as_deref(), Some("Terminating"));
-        let cm2: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap();
-        if let Err(kube::Error::Api(s)) = cms.create(&PostParams::default(), &cm2).await {
-            assert_eq!(s.code, 403);
-            assert!(s.message.contains("because it is being terminated"), "{}", s.message);
-        }
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while nss.get_opt("gone").await.unwrap().is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "namespace never went away");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(cms.get_opt("c").await.unwrap().is_none());
+
+    // Terminating, and nothing new may be created in it.
+    let n = nss.get("gone").await.unwrap();
+    assert!(n.metadata.deletion_timestamp.is_some());
+    assert_eq!(n.status.clone().unwrap().phase.as_deref(), Some("Terminating"));
+    let cm2: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap();
+    let Err(kube::Error::Api(s)) = cms.create(&PostParams::default(), &cm2).await else {
+        panic!("created content in a terminating namespace")
+    };
+    assert_eq!(s.code, 403);
+    assert!(s.message.contains("because it is being terminated"), "{}", s.message);
+
+    // What the namespace controller does: empty it, then remove its finalizer.
+    cms.delete("c", &DeleteParams::default()).await.unwrap();
+    let mut finalized = n.clone();
+    finalized.spec.as_mut().unwrap().finalizers = Some(vec![]);
+    nss.replace_subresource::<Namespace>("finalize", "gone", &PostParams::default(), &finalized).await.unwrap();
+    assert!(nss.get_opt("gone").await.unwrap().is_none());
 }
 
 #[tokio::test]

@@ -23,6 +23,8 @@ enum Command {
     Runtime(commands::runtime::Args),
     /// Place pending pods on nodes (RuntimeClass-aware), against any Kubernetes API server.
     Scheduler(commands::scheduler::Args),
+    /// Run the controllers (ReplicaSet, Deployment, garbage collector, node lifecycle, namespace) against any Kubernetes API server.
+    ControllerManager(commands::controller_manager::Args),
     /// Run the node agent: register this node and run the pods bound to it through its CRI runtimes.
     Agent(commands::agent::Args),
     /// Talk to a CRI runtime, as crictl does: runp, create, start, ps, pods, logs, exec, attach, port-forward, stop, rm, stats, pull, images, ...
@@ -50,6 +52,7 @@ fn main() -> anyhow::Result<()> {
             Command::Cri(args) => commands::cri::run(args).await,
             Command::Agent(args) => commands::agent::run(args).await,
             Command::Scheduler(args) => commands::scheduler::run(args).await,
+            Command::ControllerManager(args) => commands::controller_manager::run(args).await,
         }
     })
 }

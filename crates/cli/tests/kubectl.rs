@@ -146,7 +146,8 @@ fn runtime_class_admission_messages_reach_kubectl_verbatim() {
         stderr(&out)
     );
 
-    // An admitted pod carries the class's overhead, node selector and tolerations.
+    // An admitted pod carries the class's overhead, node selector and tolerations (after the
+    // DefaultTolerationSeconds ones, which that plugin adds first, as in Kubernetes).
     let out = s.apply(&pod("p4", "  runtimeClassName: gvisor\n"));
     assert!(out.status.success(), "{}", stderr(&out));
     let got = s.kubectl_ok(&[
@@ -154,9 +155,9 @@ fn runtime_class_admission_messages_reach_kubectl_verbatim() {
         "pod",
         "p4",
         "-o",
-        "jsonpath={.spec.overhead.memory} {.spec.nodeSelector.sandbox} {.spec.tolerations[0].key}",
+        "jsonpath={.spec.overhead.memory} {.spec.nodeSelector.sandbox} {.spec.tolerations[*].key}",
     ]);
-    assert_eq!(got, "64Mi gvisor sandbox");
+    assert_eq!(got, "64Mi gvisor node.kubernetes.io/not-ready node.kubernetes.io/unreachable sandbox");
 
     // Rejected pods were not stored.
     let names = s.kubectl_ok(&["get", "pods", "-o", "name"]);
@@ -227,4 +228,67 @@ fn kubectl_create_generators_and_scale_work() {
     for want in ["deployment.apps/web", "configmap/cfg", "secret/sec", "serviceaccount/bot", "UP-TO-DATE"] {
         assert!(table.contains(want), "missing {want} in:\n{table}");
     }
+}
+
+fn deployment(name: &str, finalizers: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  finalizers: [{finalizers}]\nspec:\n  replicas: 0\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: c\n        image: busybox:1.36\n"
+    )
+}
+
+/// The finalizers the deployment had when its deletion began, read from the watch history after
+/// `rv` (so whatever a garbage collector does afterwards does not matter).
+fn finalizers_when_deleted(s: &Server, name: &str, rv: &str) -> Vec<String> {
+    let path = format!(
+        "/apis/apps/v1/namespaces/default/deployments?watch=1&resourceVersion={rv}&timeoutSeconds=1&fieldSelector=metadata.name%3D{name}"
+    );
+    let events = s.kubectl_ok(&["get", "--raw", &path]);
+    let deleting = events
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|e| e["object"]["metadata"].clone())
+        .find(|m| m["deletionTimestamp"].is_string())
+        .unwrap_or_else(|| panic!("no event of {name} with a deletionTimestamp in:\n{events}"));
+    serde_json::from_value(deleting["finalizers"].clone()).unwrap_or_default()
+}
+
+#[test]
+fn kubectl_delete_cascade_sends_its_propagation_policy() {
+    let s = Server::start();
+    // Each deployment is also held by a finalizer of its own, so it stays whatever else runs.
+    for (name, cascade, finalizer) in [("orphaned", "orphan", "orphan"), ("fg", "foreground", "foregroundDeletion")] {
+        let out = s.apply(&deployment(name, "example.com/hold"));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let rv = s.kubectl_ok(&["get", "deployment", name, "-o", "jsonpath={.metadata.resourceVersion}"]);
+        let cascade_flag = format!("--cascade={cascade}");
+        let out = s.kubectl_ok(&["delete", "deployment", name, &cascade_flag, "--wait=false"]);
+        assert!(out.contains(&format!("deployment.apps \"{name}\" deleted")), "{out}");
+        assert_eq!(finalizers_when_deleted(&s, name, &rv), ["example.com/hold", finalizer], "{cascade}");
+        let stamp = s.kubectl_ok(&["get", "deployment", name, "-o", "jsonpath={.metadata.deletionTimestamp}"]);
+        assert!(!stamp.is_empty(), "{name} is not terminating");
+    }
+    // Background (kubectl's default) removes an object nothing holds at once.
+    assert!(s.apply(&deployment("bg", "")).status.success());
+    s.kubectl_ok(&["delete", "deployment", "bg", "--cascade=background"]);
+    let out = s.kubectl(&["get", "deployment", "bg"]);
+    assert!(stderr(&out).contains("deployments.apps \"bg\" not found"), "{}", stderr(&out));
+}
+
+#[test]
+fn server_flags_set_the_seconds_of_the_default_tolerations() {
+    let s = Server::start_with(&[
+        "--default-not-ready-toleration-seconds",
+        "60",
+        "--default-unreachable-toleration-seconds",
+        "0",
+    ]);
+    s.kubectl_ok(&["run", "p", "--image=busybox"]);
+    let got = s.kubectl_ok(&[
+        "get",
+        "pod",
+        "p",
+        "-o",
+        "jsonpath={range .spec.tolerations[*]}{.key}:{.effect}:{.tolerationSeconds} {end}",
+    ]);
+    assert_eq!(got.trim(), "node.kubernetes.io/not-ready:NoExecute:60 node.kubernetes.io/unreachable:NoExecute:0");
 }

@@ -37,6 +37,47 @@ pub struct Source {
     pub host: Option<String>,
 }
 
+/// The object an event is about (its `involvedObject`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Regarding {
+    pub api_version: String,
+    pub kind: String,
+    /// Empty for cluster-scoped objects (their events go to `default`, as Kubernetes puts them).
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub field_path: String,
+}
+
+/// One event about any object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub regarding: Regarding,
+    pub type_: Type,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Event {
+    /// An event about `obj` (a ReplicaSet, a Deployment, a Node, ...).
+    pub fn about<K: kube::Resource<DynamicType = ()>>(obj: &K, type_: Type, reason: &str, message: String) -> Event {
+        let meta = obj.meta();
+        Event {
+            regarding: Regarding {
+                api_version: K::api_version(&()).into_owned(),
+                kind: K::kind(&()).into_owned(),
+                namespace: meta.namespace.clone().unwrap_or_default(),
+                name: meta.name.clone().unwrap_or_default(),
+                uid: meta.uid.clone().unwrap_or_default(),
+                field_path: String::new(),
+            },
+            type_,
+            reason: reason.into(),
+            message,
+        }
+    }
+}
+
 /// One event about a pod (or one of its containers, through `field_path`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodEvent {
@@ -50,10 +91,28 @@ pub struct PodEvent {
     pub message: String,
 }
 
+impl From<PodEvent> for Event {
+    fn from(e: PodEvent) -> Event {
+        Event {
+            regarding: Regarding {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: e.namespace,
+                name: e.pod_name,
+                uid: e.pod_uid,
+                field_path: e.field_path,
+            },
+            type_: e.type_,
+            reason: e.reason,
+            message: e.message,
+        }
+    }
+}
+
 /// Emits events; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Recorder {
-    tx: mpsc::Sender<(PodEvent, jiff::Timestamp)>,
+    tx: mpsc::Sender<(Event, jiff::Timestamp)>,
 }
 
 impl Recorder {
@@ -65,22 +124,25 @@ impl Recorder {
         Recorder { tx }
     }
 
-    pub fn emit(&self, event: PodEvent) {
-        tracing::debug!(pod = %event.pod_name, reason = %event.reason, message = %event.message, "event");
+    pub fn emit(&self, event: impl Into<Event>) {
+        let event = event.into();
+        let r = &event.regarding;
+        tracing::debug!(kind = %r.kind, name = %r.name, reason = %event.reason, message = %event.message, "event");
         if let Err(mpsc::error::TrySendError::Full((e, _))) = self.tx.try_send((event, jiff::Timestamp::now())) {
-            tracing::debug!(pod = %e.pod_name, reason = %e.reason, "event queue full; event dropped");
+            tracing::debug!(name = %e.regarding.name, reason = %e.reason, "event queue full; event dropped");
         }
     }
 }
 
 /// Key for aggregation: the same reason and message about the same object, hashed (the cache
 /// holds thousands of entries, and four strings each would be most of it).
-fn key(e: &PodEvent) -> u64 {
+fn key(e: &Event) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    BuildHasherDefault::<DefaultHasher>::default().hash_one((&e.pod_uid, &e.field_path, &e.reason, &e.message))
+    let r = &e.regarding;
+    BuildHasherDefault::<DefaultHasher>::default().hash_one((&r.uid, &r.name, &r.field_path, &e.reason, &e.message))
 }
 
-async fn write_events(client: kube::Client, source: Source, mut rx: mpsc::Receiver<(PodEvent, jiff::Timestamp)>) {
+async fn write_events(client: kube::Client, source: Source, mut rx: mpsc::Receiver<(Event, jiff::Timestamp)>) {
     // Event name and count of each event written, to count repeats; bounded by dropping all
     // entries now and then (a repeat after that starts a new event, as kubelet's cache does).
     let mut written: HashMap<u64, (String, i32)> = HashMap::new();
@@ -89,7 +151,9 @@ async fn write_events(client: kube::Client, source: Source, mut rx: mpsc::Receiv
         if written.len() > 4096 {
             written.clear();
         }
-        let api: Api<core::Event> = Api::namespaced(client.clone(), &e.namespace);
+        let r = &e.regarding;
+        let namespace = if r.namespace.is_empty() { "default" } else { r.namespace.as_str() };
+        let api: Api<core::Event> = Api::namespaced(client.clone(), namespace);
         let key = key(&e);
         let now = Time(at);
         if let Some((name, count)) = written.get_mut(&key) {
@@ -102,20 +166,20 @@ async fn write_events(client: kube::Client, source: Source, mut rx: mpsc::Receiv
                 Err(err) => tracing::debug!(error = %err, "event to bump is gone; writing a new one"),
             }
         }
-        let name = format!("{}.{:x}", e.pod_name, now.0.as_nanosecond());
+        let name = format!("{}.{:x}", r.name, now.0.as_nanosecond());
         let event = core::Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                namespace: Some(e.namespace.clone()),
+                namespace: Some(namespace.to_string()),
                 ..Default::default()
             },
             involved_object: core::ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(e.pod_name.clone()),
-                namespace: Some(e.namespace.clone()),
-                uid: Some(e.pod_uid.clone()),
-                field_path: Some(e.field_path.clone()).filter(|f| !f.is_empty()),
+                api_version: Some(r.api_version.clone()),
+                kind: Some(r.kind.clone()),
+                name: Some(r.name.clone()),
+                namespace: Some(r.namespace.clone()).filter(|n| !n.is_empty()),
+                uid: Some(r.uid.clone()),
+                field_path: Some(r.field_path.clone()).filter(|f| !f.is_empty()),
                 ..Default::default()
             },
             reason: Some(e.reason.clone()),
@@ -134,7 +198,7 @@ async fn write_events(client: kube::Client, source: Source, mut rx: mpsc::Receiv
                 written.insert(key, (name, 1));
             }
             Err(err) => {
-                tracing::warn!(pod = %e.pod_name, reason = %e.reason, error = %err, "could not record an event")
+                tracing::warn!(name = %e.regarding.name, reason = %e.reason, error = %err, "could not record an event")
             }
         }
     }

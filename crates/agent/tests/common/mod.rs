@@ -168,6 +168,7 @@ pub struct Server {
     process: Process,
     pub dir: tempfile::TempDir,
     pub port: u16,
+    extra: Vec<String>,
 }
 
 impl Server {
@@ -179,23 +180,40 @@ impl Server {
     pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let process = Server::spawn(&dir, port, &extra);
+        let mut server = Server { process, dir, port, extra };
+        server.wait_ready();
+        server
+    }
+
+    fn spawn(dir: &tempfile::TempDir, port: u16, extra: &[String]) -> Process {
         let mut command = Command::new(berth_binary());
         command
             .args(["server", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--secure-port", &port.to_string(), "--compaction-interval-seconds", "3600"])
             .args(extra);
-        let process = Process::spawn("berth server", command, dir.path().join("server.log"));
-        let mut server = Server { process, dir, port };
+        Process::spawn("berth server", command, dir.path().join("server.log"))
+    }
+
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            server.process.check_alive();
-            if server.kubeconfig().exists() && server.kubectl(&["get", "--raw", "/readyz"]).status.success() {
-                return server;
+            self.process.check_alive();
+            if self.kubeconfig().exists() && self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+                return;
             }
-            assert!(Instant::now() < deadline, "berth server not ready:\n{}", server.process.log());
+            assert!(Instant::now() < deadline, "berth server not ready:\n{}", self.process.log());
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// SIGKILL, as a crash, then a start on the same data dir and port.
+    pub fn crash_and_restart(&mut self) {
+        self.process.kill9();
+        self.process = Server::spawn(&self.dir, self.port, &self.extra);
+        self.wait_ready();
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -239,21 +257,30 @@ impl Server {
     }
 }
 
-/// `berth scheduler` alone against a server's admin kubeconfig; SIGKILLed on drop.
-pub struct Scheduler {
+/// A control-plane part alone (`berth scheduler`, `berth controller-manager`) against a
+/// server's admin kubeconfig; SIGKILLed on drop.
+pub struct ControlPart {
     process: Option<Process>,
     _dir: tempfile::TempDir,
 }
 
-impl Scheduler {
-    pub fn start(server: &Server) -> Scheduler {
+impl ControlPart {
+    pub fn scheduler(server: &Server) -> ControlPart {
+        ControlPart::start(server, "scheduler", &[])
+    }
+
+    pub fn controller_manager(server: &Server, extra: &[&str]) -> ControlPart {
+        ControlPart::start(server, "controller-manager", extra)
+    }
+
+    fn start(server: &Server, part: &'static str, extra: &[&str]) -> ControlPart {
         let dir = tempfile::tempdir().unwrap();
         let mut command = Command::new(berth_binary());
-        command.arg("scheduler").arg("--kubeconfig").arg(server.kubeconfig());
-        let mut process = Process::spawn("berth scheduler", command, dir.path().join("scheduler.log"));
+        command.arg(part).arg("--kubeconfig").arg(server.kubeconfig()).args(extra);
+        let mut process = Process::spawn(part, command, dir.path().join(format!("{part}.log")));
         std::thread::sleep(Duration::from_millis(50));
         process.check_alive();
-        Scheduler { process: Some(process), _dir: dir }
+        ControlPart { process: Some(process), _dir: dir }
     }
 
     pub fn pid(&self) -> Option<u32> {

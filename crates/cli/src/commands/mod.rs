@@ -1,7 +1,9 @@
 //! One module per subcommand, each with its arguments and its `run`.
 
 pub mod agent;
+pub mod controller_manager;
 pub mod cri;
+pub mod leading;
 pub mod runtime;
 pub mod scheduler;
 pub mod server;

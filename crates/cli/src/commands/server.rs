@@ -6,12 +6,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use berth_apiserver::admission::{Admission, DefaultTolerationSeconds};
 use berth_apiserver::authn::{NODE_TOKEN_FILE, NODE_USER_PREFIX, create_node_token, validate_node_name};
 use berth_apiserver::server::{PreparedServer, ServerConfig};
 use berth_scheduler::metrics::Metrics as SchedulerMetrics;
 use berth_scheduler::scheduler::Config as SchedulerConfig;
 
-use super::scheduler::{SchedulingArgs, schedule, shutdown_signal};
+use super::controller_manager::{ControllerArgs, manage};
+use super::leading::shutdown_signal;
+use super::scheduler::{SchedulingArgs, schedule};
 
 const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
 
@@ -74,11 +77,21 @@ struct ServeArgs {
     /// How often store history older than one interval is compacted, in seconds.
     #[arg(long, default_value_t = 300)]
     compaction_interval_seconds: u64,
+    /// tolerationSeconds of the toleration for node.kubernetes.io/not-ready:NoExecute added to
+    /// every pod that does not already have such a toleration (DefaultTolerationSeconds).
+    #[arg(long, default_value_t = 300)]
+    default_not_ready_toleration_seconds: i64,
+    /// tolerationSeconds of the toleration for node.kubernetes.io/unreachable:NoExecute added to
+    /// every pod that does not already have such a toleration (DefaultTolerationSeconds).
+    #[arg(long, default_value_t = 300)]
+    default_unreachable_toleration_seconds: i64,
     /// Do not run the scheduler in this process (run `berth scheduler` instead, or none).
     #[arg(long)]
     no_scheduler: bool,
     #[command(flatten)]
     scheduling: SchedulingArgs,
+    #[command(flatten)]
+    controllers: ControllerArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -97,9 +110,16 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
         token_auth_file: args.token_auth_file,
         extra_sans: args.tls_san,
         compaction_interval: Duration::from_secs(args.compaction_interval_seconds.max(1)),
+        admission: Admission {
+            default_toleration_seconds: DefaultTolerationSeconds {
+                not_ready: args.default_not_ready_toleration_seconds,
+                unreachable: args.default_unreachable_toleration_seconds,
+            },
+        },
     };
+    let enabled = berth_controllers::enabled(&args.controllers.controllers).map_err(anyhow::Error::msg)?;
     let server = PreparedServer::prepare(&cfg).await.context("berth server failed")?;
-    let mut scheduler = None;
+    let mut parts = Vec::new();
     if !args.no_scheduler {
         // The scheduler reaches the API in-process, as the admin, through the same handlers,
         // admission and watches as any client; --no-scheduler leaves it to another process.
@@ -111,15 +131,27 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
         let metrics = SchedulerMetrics::new(&config.scheduler_name);
         server.state.metrics.register(|registry| metrics.register(registry));
         let scheduling = args.scheduling.clone();
-        scheduler =
-            Some(tokio::spawn(async move { schedule(client, config, &scheduling, metrics, shutdown_signal()).await }));
+        parts
+            .push(tokio::spawn(async move { schedule(client, config, &scheduling, metrics, shutdown_signal()).await }));
+    }
+    if !enabled.is_empty() {
+        // The controllers too (--controllers=-* runs none: use `berth controller-manager`).
+        let client = kube::Client::new(server.local_service(), "default");
+        let (controllers, leader_elect) = (args.controllers.clone(), args.scheduling.leader_elect);
+        parts.push(tokio::spawn(async move {
+            manage(client, &controllers, leader_elect, enabled, shutdown_signal()).await
+        }));
     }
     let served = server.serve().await.context("berth server failed");
-    // The scheduler saw the same signal: let it give its lease up while the API still answers.
-    if let Some(scheduler) = scheduler {
-        let _ = tokio::time::timeout(Duration::from_secs(3), scheduler).await;
-    }
+    // The parts saw the same signal: let them give their leases up while the API still answers.
+    let _ = tokio::time::timeout(Duration::from_secs(3), wait_for_parts(parts)).await;
     served
+}
+
+async fn wait_for_parts(parts: Vec<tokio::task::JoinHandle<()>>) {
+    for part in parts {
+        let _ = part.await;
+    }
 }
 
 /// Adds a node token and prints a kubeconfig with the admin kubeconfig's cluster and that token.

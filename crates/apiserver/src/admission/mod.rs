@@ -1,0 +1,231 @@
+//! Admission: one ordered chain of named plugins, run once per write (create, update, delete,
+//! and the `binding`, `status`, `scale` and `finalize` writes), mutating plugins first, then the
+//! kind's own validation, then validating plugins, as kube-apiserver runs its chain.
+//!
+//! The plugins berth has, in kube-apiserver's order (`AllOrderedPlugins` in
+//! `pkg/kubeapiserver/options/plugins.go`). Three are on by default there; NodeRestriction is
+//! the one clusters turn on themselves (`--enable-admission-plugins=NodeRestriction`, as kubeadm
+//! does), and berth always runs it:
+//!
+//! | plugin                     | phase                | operations             | does                                                        |
+//! |----------------------------|----------------------|------------------------|-------------------------------------------------------------|
+//! | `NamespaceLifecycle`       | mutating             | create, delete         | no content in missing or terminating namespaces; `default`, `kube-system`, `kube-public` are not deleted |
+//! | `NodeRestriction`          | mutating             | create, update, delete | what a node's own user may write                            |
+//! | `DefaultTolerationSeconds` | mutating             | create, update (pods)  | `not-ready`/`unreachable` NoExecute tolerations for 300 s   |
+//! | `RuntimeClass`             | mutating, validating | create (pods)          | berth's default class; the class's overhead and scheduling; overhead checked |
+//!
+//! Kubernetes' `Priority` plugin has no PriorityClass to read here: its one effect, priority 0
+//! for pods, is part of pod defaulting (`berth_api::kinds::prepare_for_create`). The other
+//! default plugins (LimitRanger, ServiceAccount, ResourceQuota, webhooks, ...) concern resources
+//! berth does not serve.
+//!
+//! The handlers call [`create`], [`update`] or [`delete`] once per write, after defaulting and
+//! the strategy's preparation and before storing; an error of any plugin ends the write with
+//! nothing stored. Plugins see the requesting user through [`crate::authz::with_request_user`].
+
+pub mod default_toleration_seconds;
+pub mod namespace_lifecycle;
+pub mod node_restriction;
+pub mod runtime_class;
+
+pub use berth_api::admission::DefaultTolerationSeconds;
+use serde_json::Value;
+
+use crate::request::Target;
+use crate::{ApiResult, ApiState, objects};
+
+/// What a write does, as admission names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+}
+
+/// One write as the plugins see it (Kubernetes' `admission.Attributes`); the object being
+/// written is passed beside it.
+#[derive(Debug, Clone, Copy)]
+pub struct Attributes<'a> {
+    /// Resource, namespace and subresource of the request.
+    pub target: &'a Target,
+    /// The object's name as errors show it: on create the name from the URL (subresources) or
+    /// the object's, else its `generateName`, else `Unknown`.
+    pub name: &'a str,
+    pub operation: Operation,
+    /// The stored object an update or delete replaces.
+    pub old: Option<&'a Value>,
+}
+
+/// The admission plugins berth has, by Kubernetes' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plugin {
+    NamespaceLifecycle,
+    NodeRestriction,
+    DefaultTolerationSeconds,
+    RuntimeClass,
+}
+
+/// The chain, in kube-apiserver's order.
+pub const CHAIN: [Plugin; 4] =
+    [Plugin::NamespaceLifecycle, Plugin::NodeRestriction, Plugin::DefaultTolerationSeconds, Plugin::RuntimeClass];
+
+impl Plugin {
+    pub fn name(self) -> &'static str {
+        match self {
+            Plugin::NamespaceLifecycle => "NamespaceLifecycle",
+            Plugin::NodeRestriction => "NodeRestriction",
+            Plugin::DefaultTolerationSeconds => "DefaultTolerationSeconds",
+            Plugin::RuntimeClass => "RuntimeClass",
+        }
+    }
+
+    /// The operations the plugin registers for (its `admission.NewHandler(...)`).
+    pub fn handles(self, op: Operation) -> bool {
+        match self {
+            // Upstream also handles updates, to refuse those in a namespace that no longer
+            // exists; here a namespace leaves the store only once it is empty.
+            Plugin::NamespaceLifecycle => matches!(op, Operation::Create | Operation::Delete),
+            Plugin::NodeRestriction => true,
+            Plugin::DefaultTolerationSeconds => matches!(op, Operation::Create | Operation::Update),
+            Plugin::RuntimeClass => op == Operation::Create,
+        }
+    }
+
+    /// Has a mutating phase (`Admit`); every plugin here has one.
+    pub fn mutates(self) -> bool {
+        true
+    }
+
+    /// Has a validating phase (`Validate`).
+    pub fn validates(self) -> bool {
+        self == Plugin::RuntimeClass
+    }
+}
+
+/// The chain's settings: kube-apiserver's admission flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// `--default-not-ready-toleration-seconds`, `--default-unreachable-toleration-seconds`.
+    pub default_toleration_seconds: DefaultTolerationSeconds,
+}
+
+/// What one run of the chain carries from the mutating phase to the validating one.
+#[derive(Debug, Default)]
+struct Run {
+    runtime_class: runtime_class::Resolved,
+}
+
+/// Admits the create of `obj` at `t`, prepared for create; `validate` is the kind's validation.
+pub async fn create(
+    state: &ApiState,
+    t: &Target,
+    obj: &mut Value,
+    validate: impl FnOnce(&Value) -> ApiResult<()>,
+) -> ApiResult<()> {
+    let name = match (t.name.as_deref(), objects::name(obj)) {
+        (Some(url_name), _) => url_name.to_string(),
+        (None, "") => objects::meta_str(obj, "generateName").unwrap_or("Unknown").to_string(),
+        (None, name) => name.to_string(),
+    };
+    let attrs = Attributes { target: t, name: &name, operation: Operation::Create, old: None };
+    run(state, &attrs, Some(obj), validate).await
+}
+
+/// Admits the update of the stored `old` to `new` at `t` (the main resource or a subresource),
+/// `new` prepared for update; `validate` is the kind's validation of the update.
+pub async fn update(
+    state: &ApiState,
+    t: &Target,
+    old: &Value,
+    new: &mut Value,
+    validate: impl FnOnce(&Value) -> ApiResult<()>,
+) -> ApiResult<()> {
+    let attrs = Attributes { target: t, name: objects::name(old), operation: Operation::Update, old: Some(old) };
+    run(state, &attrs, Some(new), validate).await
+}
+
+/// Admits the deletion of the stored `old` at `t`.
+pub async fn delete(state: &ApiState, t: &Target, old: &Value) -> ApiResult<()> {
+    let attrs = Attributes { target: t, name: objects::name(old), operation: Operation::Delete, old: Some(old) };
+    run(state, &attrs, None, |_| Ok(())).await
+}
+
+async fn run(
+    state: &ApiState,
+    attrs: &Attributes<'_>,
+    mut obj: Option<&mut Value>,
+    validate: impl FnOnce(&Value) -> ApiResult<()>,
+) -> ApiResult<()> {
+    let mut run = Run::default();
+    for plugin in CHAIN.into_iter().filter(|p| p.mutates() && p.handles(attrs.operation)) {
+        admit(plugin, state, attrs, obj.as_deref_mut(), &mut run).await.inspect_err(|e| rejected(plugin, attrs, e))?;
+    }
+    if let Some(obj) = obj.as_deref() {
+        validate(obj)?;
+    }
+    for plugin in CHAIN.into_iter().filter(|p| p.validates() && p.handles(attrs.operation)) {
+        check(plugin, attrs, obj.as_deref(), &run).inspect_err(|e| rejected(plugin, attrs, e))?;
+    }
+    Ok(())
+}
+
+fn rejected(plugin: Plugin, attrs: &Attributes<'_>, e: &crate::ApiError) {
+    tracing::debug!(
+        plugin = plugin.name(),
+        operation = ?attrs.operation,
+        resource = attrs.target.rt.plural,
+        name = attrs.name,
+        code = e.code,
+        "admission rejected the request"
+    );
+}
+
+/// The mutating phase of one plugin.
+async fn admit(
+    plugin: Plugin,
+    state: &ApiState,
+    attrs: &Attributes<'_>,
+    obj: Option<&mut Value>,
+    run: &mut Run,
+) -> ApiResult<()> {
+    match plugin {
+        Plugin::NamespaceLifecycle => namespace_lifecycle::admit(state, attrs).await,
+        Plugin::NodeRestriction => node_restriction::admit(attrs, obj.as_deref()),
+        Plugin::DefaultTolerationSeconds => match obj {
+            Some(obj) => default_toleration_seconds::admit(&state.admission.default_toleration_seconds, attrs, obj),
+            None => Ok(()),
+        },
+        Plugin::RuntimeClass => match obj {
+            Some(obj) => runtime_class::admit(state, attrs, obj, &mut run.runtime_class).await,
+            None => Ok(()),
+        },
+    }
+}
+
+/// The validating phase of one plugin.
+fn check(plugin: Plugin, attrs: &Attributes<'_>, obj: Option<&Value>, run: &Run) -> ApiResult<()> {
+    match (plugin, obj) {
+        (Plugin::RuntimeClass, Some(obj)) => runtime_class::validate(attrs, obj, &run.runtime_class),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_keeps_kube_apiservers_order() {
+        let names: Vec<&str> = CHAIN.iter().map(|p| p.name()).collect();
+        assert_eq!(names, ["NamespaceLifecycle", "NodeRestriction", "DefaultTolerationSeconds", "RuntimeClass"]);
+    }
+
+    #[test]
+    fn plugins_register_for_kubernetes_operations() {
+        assert!(!Plugin::RuntimeClass.handles(Operation::Update));
+        assert!(!Plugin::DefaultTolerationSeconds.handles(Operation::Delete));
+        assert!(Plugin::NodeRestriction.handles(Operation::Delete));
+        assert!(Plugin::NamespaceLifecycle.handles(Operation::Delete));
+        assert_eq!(CHAIN.iter().filter(|p| p.validates()).count(), 1);
+    }
+}

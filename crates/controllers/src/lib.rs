@@ -1,0 +1,152 @@
+//! The controllers of the control plane (ReplicaSet, Deployment, garbage collector, node lifecycle, namespace), through the Kubernetes API only.
+//!
+//! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
+//! on kube's controller runtime (reflectors, `Controller`, reconcile → `Action`), with its
+//! arithmetic in pure functions beside it. They reach the control plane only through the API, so
+//! `berth controller-manager` runs them against any Kubernetes API server, and `berth server`
+//! runs them in-process. [`enabled`] reads kube-controller-manager's `--controllers` syntax.
+
+pub mod deployment;
+pub mod garbage_collector;
+pub mod namespace;
+pub mod node_lifecycle;
+pub mod replicaset;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_events::{Recorder, Source};
+
+/// The component events are reported as.
+pub const COMPONENT: &str = "controller-manager";
+/// Events waiting to be written beyond this many are dropped.
+const EVENT_QUEUE: usize = 1000;
+
+/// Every controller, by the names kube-controller-manager's `--controllers` flag uses.
+pub const CONTROLLERS: &[&str] = &["replicaset", "deployment", "garbagecollector", "nodelifecycle", "namespace"];
+
+/// Settings of the controllers (kube-controller-manager's flags and defaults).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// A node whose Lease is not renewed for this long is unreachable (`--node-monitor-grace-period`).
+    pub node_monitor_grace_period: Duration,
+    /// How often node health is checked (`--node-monitor-period`).
+    pub node_monitor_period: Duration,
+    /// Nodes whose pods are evicted per second (`--node-eviction-rate`).
+    pub node_eviction_rate: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_monitor_grace_period: Duration::from_secs(50),
+            node_monitor_period: Duration::from_secs(5),
+            node_eviction_rate: 0.1,
+        }
+    }
+}
+
+/// What every controller gets.
+pub struct Context {
+    pub client: kube::Client,
+    pub config: Config,
+    pub recorder: Recorder,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, config: Config) -> Arc<Context> {
+        let recorder = Recorder::spawn(client.clone(), Source { component: COMPONENT.into(), host: None }, EVENT_QUEUE);
+        Arc::new(Context { client, config, recorder })
+    }
+}
+
+/// The controllers `--controllers` names: `*` is all of them, `name` adds one, `-name` removes
+/// one (later entries win), as kube-controller-manager reads it; names may carry its
+/// `-controller` suffix (`replicaset-controller`, `garbage-collector-controller`).
+pub fn enabled(spec: &[String]) -> Result<BTreeSet<&'static str>, String> {
+    let mut on = BTreeSet::new();
+    for item in spec.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let (remove, name) = match item.strip_prefix('-') {
+            Some(name) => (true, name),
+            None => (false, item),
+        };
+        let names: Vec<&'static str> = if name == "*" {
+            CONTROLLERS.to_vec()
+        } else {
+            let bare = name.strip_suffix("-controller").unwrap_or(name).replace('-', "");
+            match CONTROLLERS.iter().find(|c| **c == bare) {
+                Some(c) => vec![*c],
+                None => {
+                    return Err(format!(
+                        "{name:?} is not a known controller; known controllers: {}",
+                        CONTROLLERS.join(", ")
+                    ));
+                }
+            }
+        };
+        for n in names {
+            if remove {
+                on.remove(n);
+            } else {
+                on.insert(n);
+            }
+        }
+    }
+    Ok(on)
+}
+
+/// Runs the `enabled` controllers until the future is dropped.
+pub async fn run(ctx: Arc<Context>, enabled: &BTreeSet<&'static str>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for name in enabled {
+        let ctx = ctx.clone();
+        match *name {
+            "replicaset" => tasks.spawn(replicaset::run(ctx)),
+            "deployment" => tasks.spawn(deployment::run(ctx)),
+            "garbagecollector" => tasks.spawn(garbage_collector::run(ctx)),
+            "nodelifecycle" => tasks.spawn(node_lifecycle::run(ctx)),
+            "namespace" => tasks.spawn(namespace::run(ctx)),
+            _ => continue,
+        };
+        tracing::info!(controller = name, "controller started");
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Err(e) = done
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(s: &str) -> Vec<String> {
+        s.split(',').map(String::from).collect()
+    }
+
+    #[test]
+    fn star_enables_all_and_a_dash_removes_one() {
+        let on = enabled(&spec("*,-deployment")).unwrap();
+        assert!(!on.contains("deployment"));
+        assert_eq!(on.len(), CONTROLLERS.len() - 1);
+        assert!(enabled(&spec("-*")).unwrap().is_empty());
+        assert_eq!(enabled(&spec("-*,replicaset")).unwrap().into_iter().collect::<Vec<_>>(), vec!["replicaset"]);
+    }
+
+    #[test]
+    fn kube_controller_manager_long_names_are_accepted() {
+        let on =
+            enabled(&spec("replicaset-controller,garbage-collector-controller,node-lifecycle-controller")).unwrap();
+        assert_eq!(on.into_iter().collect::<Vec<_>>(), vec!["garbagecollector", "nodelifecycle", "replicaset"]);
+    }
+
+    #[test]
+    fn an_unknown_controller_is_an_error_naming_the_known_ones() {
+        let err = enabled(&spec("*,-bogus")).unwrap_err();
+        assert!(err.contains("\"bogus\" is not a known controller") && err.contains("replicaset"), "{err}");
+    }
+}
