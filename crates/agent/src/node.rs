@@ -2,11 +2,16 @@
 //!
 //! The Node is created (or an existing one adopted) with kubelet's default labels and a full
 //! status; then a Lease in `kube-node-lease` is renewed every [`LEASE_RENEW_INTERVAL`], and the
-//! status is patched (JSON merge patch on `nodes/<name>/status`) whenever it changed — runtime
-//! readiness and handlers are followed as they change — and at least every
-//! [`STATUS_REPORT_INTERVAL`]. Conditions' `lastTransitionTime` moves only when their status
-//! flips; conditions other parts set (not `Ready`, the pressures or this agent's
-//! `RuntimeReady.berth.dev/*`) are kept.
+//! status is patched whenever it changed — runtime readiness and handlers are followed as they
+//! change — and at least every [`STATUS_REPORT_INTERVAL`]. Conditions' `lastTransitionTime` moves
+//! only when their status flips.
+//!
+//! The patch is a strategic merge patch on `nodes/<name>/status`, as kubelet sends: conditions
+//! merge by type, so conditions other parts set (anything but `Ready`, the pressures and this
+//! agent's `RuntimeReady.berth.dev/*`) are never written back, even when they changed after the
+//! agent last saw the Node; a runtime condition of an endpoint that is no longer configured
+//! leaves with a `$patch: delete` element (a merge by type alone never removes one). See
+//! [`status_patch`].
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
@@ -197,8 +202,9 @@ pub struct StatusInput<'a> {
     pub removed: &'a [RemovedEndpoint],
 }
 
-/// The Node's status as this agent reports it. `previous` (the Node as last seen) keeps the
-/// transition times of conditions whose status did not flip and the conditions others set.
+/// The Node's status as this agent reports it, with only the conditions this agent owns.
+/// `previous` (the Node as last seen) keeps the transition times of conditions whose status did
+/// not flip.
 pub fn desired_status(input: &StatusInput<'_>, previous: Option<&NodeStatus>, now: jiff::Timestamp) -> NodeStatus {
     let m = input.machine;
     let previous_conditions: &[NodeCondition] = previous.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
@@ -247,13 +253,6 @@ pub fn desired_status(input: &StatusInput<'_>, previous: Option<&NodeStatus>, no
             removed.pods.join(", ")
         );
         conditions.push(condition(&kind, false, "RuntimeRemoved", message));
-    }
-    // Conditions set by others stay; stale runtime conditions of endpoints now gone do not.
-    for c in previous_conditions {
-        let ours = conditions.iter().any(|o| o.type_ == c.type_);
-        if !ours && !c.type_.starts_with(RUNTIME_CONDITION_PREFIX) {
-            conditions.push(c.clone());
-        }
     }
 
     let mut addresses = Vec::new();
@@ -371,6 +370,33 @@ fn runtime_reason(endpoint: &Endpoint, status: &EndpointStatus) -> (String, Stri
         return ("RuntimeStatusUnknown".into(), format!("the status of {} has not been read yet", endpoint.address));
     }
     (status.reason.clone(), status.message.clone())
+}
+
+/// The strategic merge patch (`nodes/<name>/status`) that makes the Node's status `desired`
+/// (from [`desired_status`]), given `previous`, the Node's status as last seen.
+///
+/// Conditions merge by type: the patch carries only this agent's own, so the server keeps the
+/// conditions others set as they are now. A `RuntimeReady.berth.dev/*` condition in `previous`
+/// that `desired` lacks (its endpoint left the configuration) gets a `$patch: delete` element.
+/// Addresses are replaced whole (`$patch: replace`), as kubelet does, since their merge key
+/// `type` is not unique; `runtimeHandlers` is an atomic list and replaced anyway.
+pub fn status_patch(desired: &NodeStatus, previous: Option<&NodeStatus>) -> serde_json::Value {
+    let mut patch = serde_json::json!({ "status": desired });
+    let status = &mut patch["status"];
+    let ours = desired.conditions.as_deref().unwrap_or_default();
+    let stale = previous
+        .and_then(|p| p.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.type_.starts_with(RUNTIME_CONDITION_PREFIX) && !ours.iter().any(|o| o.type_ == c.type_))
+        .map(|c| serde_json::json!({ "type": c.type_, "$patch": "delete" }));
+    if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
+        conditions.extend(stale);
+    }
+    if let Some(addresses) = status.get_mut("addresses").and_then(serde_json::Value::as_array_mut) {
+        addresses.push(serde_json::json!({ "$patch": "replace" }));
+    }
+    patch
 }
 
 /// The status without heartbeat times, to tell whether anything worth reporting changed.
@@ -494,8 +520,8 @@ impl NodeReporter {
             return Ok(());
         }
         let name = self.ctx.node_name.clone();
-        let patch = serde_json::json!({ "status": status });
-        match self.nodes.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        let patch = status_patch(&status, self.node.as_ref().and_then(|n| n.status.as_ref()));
+        match self.nodes.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
             Ok(node) => {
                 let changed = self.reported.as_ref().is_none_or(|(last, _)| *last != essential);
                 if changed {
@@ -790,8 +816,12 @@ mod tests {
         assert_eq!(cond(&flipped, "MemoryPressure").last_transition_time.as_ref(), Some(&old));
     }
 
+    fn kinds(s: &NodeStatus) -> Vec<&str> {
+        s.conditions.iter().flatten().map(|c| c.type_.as_str()).collect()
+    }
+
     #[tokio::test]
-    async fn foreign_conditions_stay_and_conditions_of_removed_runtimes_go() {
+    async fn the_status_holds_only_this_agents_conditions_and_none_of_a_removed_runtime() {
         let up = vec![(endpoint("berth"), ready("berth", "0.1.0", &["runc"]))];
         let mut previous = status(&[(endpoint("old"), ready("x", "1", &[]))], false, None);
         previous.conditions.as_mut().unwrap().push(NodeCondition {
@@ -800,9 +830,44 @@ mod tests {
             ..Default::default()
         });
         let s = status(&up, false, Some(&previous));
-        let kinds: Vec<&str> = s.conditions.as_ref().unwrap().iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(
-            kinds,
+            kinds(&s),
+            ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready", "RuntimeReady.berth.dev/berth"]
+        );
+    }
+
+    /// The patch applied as the API server applies a strategic merge patch to a Node.
+    fn patched(node: &NodeStatus, patch: &serde_json::Value) -> NodeStatus {
+        let node = serde_json::json!({ "metadata": { "name": "vm" }, "status": node });
+        let out = berth_api::strategic_merge::apply(&berth_api::resources::NODES, &node, patch).unwrap();
+        serde_json::from_value(out["status"].clone()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_patch_deletes_a_removed_runtimes_condition_and_keeps_conditions_others_set() {
+        let both = vec![
+            (endpoint("berth"), ready("berth", "0.1.0", &["runc"])),
+            (endpoint("second"), ready("berth", "0.1.0", &["alt"])),
+        ];
+        // What the agent last saw, and the Node now: another writer added a condition since.
+        let seen = status(&both, false, None);
+        let mut server = seen.clone();
+        server.conditions.as_mut().unwrap().push(NodeCondition {
+            type_: "NetworkUnavailable".into(),
+            status: "False".into(),
+            reason: Some("RouteCreated".into()),
+            ..Default::default()
+        });
+
+        let one = vec![(endpoint("berth"), ready("berth", "0.1.0", &["runc"]))];
+        let desired = status(&one, false, Some(&seen));
+        let patch = status_patch(&desired, Some(&seen));
+        let deletes: Vec<&serde_json::Value> =
+            patch["status"]["conditions"].as_array().unwrap().iter().filter(|c| c.get("$patch").is_some()).collect();
+        assert_eq!(deletes, [&serde_json::json!({"type": "RuntimeReady.berth.dev/second", "$patch": "delete"})]);
+        let out = patched(&server, &patch);
+        assert_eq!(
+            kinds(&out),
             [
                 "MemoryPressure",
                 "DiskPressure",
@@ -812,6 +877,26 @@ mod tests {
                 "NetworkUnavailable"
             ]
         );
+        assert_eq!(cond(&out, "NetworkUnavailable").reason.as_deref(), Some("RouteCreated"));
+        let handlers: Vec<_> = out.runtime_handlers.iter().flatten().filter_map(|h| h.name.clone()).collect();
+        assert_eq!(handlers, ["runc"], "runtimeHandlers is replaced whole");
+
+        // Applied again (a retry after a lost response): nothing left to delete, nothing else changes.
+        assert_eq!(patched(&out, &patch), out);
+    }
+
+    #[tokio::test]
+    async fn the_patch_replaces_the_addresses_whole() {
+        let up = vec![(endpoint("berth"), ready("berth", "0.1.0", &["runc"]))];
+        let mut server = status(&up, false, None);
+        server
+            .addresses
+            .as_mut()
+            .unwrap()
+            .push(NodeAddress { type_: "ExternalIP".into(), address: "203.0.113.9".into() });
+        let desired = status(&up, false, Some(&server));
+        let out = patched(&server, &status_patch(&desired, Some(&server)));
+        assert_eq!(out.addresses, desired.addresses);
     }
 
     #[tokio::test]

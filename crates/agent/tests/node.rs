@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{Agent, Runtime, RuntimeBuilder, Server, agent_toml, condition, eventually, runtime_handlers};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
 
 fn status_of(node: &Node, kind: &str) -> String {
     condition(node, kind).map(|c| c.status.clone()).unwrap_or_default()
@@ -204,6 +205,45 @@ async fn endpoints_added_to_and_removed_from_the_config_file_change_the_handlers
     assert_eq!(status_of(&node, "Ready"), "True");
     agent.check_alive();
     assert_eq!(agent.pid(), pid, "the same agent process");
+}
+
+#[tokio::test]
+async fn an_endpoint_removed_from_the_config_takes_its_condition_off_the_node_and_others_conditions_stay() {
+    let server = Server::start();
+    let berth = Runtime::start();
+    let second = RuntimeBuilder::empty().handler("alt", "crun", &[]).start();
+    let agent = Agent::start(&server, "node-a", &agent_toml(&[("berth", &berth), ("second", &second)], false));
+    node_when(&server, "node-a", "both runtimes ready", |n| {
+        status_of(n, "RuntimeReady.berth.dev/berth") == "True"
+            && status_of(n, "RuntimeReady.berth.dev/second") == "True"
+            && runtime_handlers(n).contains(&"alt".to_string())
+    })
+    .await;
+    // Another writer's condition, set after the agent last read the Node (as a network plugin
+    // sets NetworkUnavailable): the agent's next report must not write over it.
+    let nodes: kube::Api<Node> = kube::Api::all(server.client().await);
+    let theirs = serde_json::json!({"status": {"conditions": [
+        {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated", "message": "set by the test"}
+    ]}});
+    nodes.patch_status("node-a", &PatchParams::default(), &Patch::Strategic(&theirs)).await.unwrap();
+
+    agent.write_config(&agent_toml(&[("berth", &berth)], false));
+    let node = common::eventually_within(Duration::from_secs(10), "the second runtime's condition gone", || async {
+        server.node("node-a").await.filter(|n| condition(n, "RuntimeReady.berth.dev/second").is_none())
+    })
+    .await;
+    assert_eq!(runtime_handlers(&node), ["", "crun", "gvisor", "runc"], "alt left runtimeHandlers");
+    let berth_condition = condition(&node, "RuntimeReady.berth.dev/berth").expect("the remaining runtime's condition");
+    assert_eq!((berth_condition.status.as_str(), berth_condition.reason.as_deref()), ("True", Some("RuntimeReady")));
+    assert_eq!(status_of(&node, "Ready"), "True");
+    let network = condition(&node, "NetworkUnavailable").expect("the other writer's condition stays");
+    assert_eq!((network.status.as_str(), network.reason.as_deref()), ("False", Some("RouteCreated")));
+
+    // Later reports (heartbeats every 10 s) neither bring it back nor drop the other writer's.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let node = server.node("node-a").await.unwrap();
+    assert!(condition(&node, "RuntimeReady.berth.dev/second").is_none());
+    assert!(condition(&node, "NetworkUnavailable").is_some());
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
 //! The runtime's TOML configuration file: socket, store root, runtime handlers with their guest
 //! platforms, CNI directories and registry hosts; parsing, defaults, discovery and validation.
+//! Each handler is resolved here, once, into a [`RuntimeHandler`] that sandbox and container code
+//! are handed instead of its name.
 //!
 //! ```toml
 //! socket = "/run/berth/runtime.sock"
@@ -8,6 +10,7 @@
 //! [handlers.gvisor]
 //! binary = "runsc"
 //! args = ["--platform=ptrace", "--network=host"]
+//! isolation = "sandbox-per-container"   # the default for runsc; else "shared-pod-namespaces"
 //! platform = "linux/amd64"
 //! [registries."127.0.0.1:5000"]
 //! insecure = true
@@ -19,8 +22,11 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use berth_image::{ImagesConfig, Platform, RegistryHost};
+use berth_oci::OciRuntime;
+use berth_oci::runtime::ProcessSpawner;
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/berth/runtime.toml";
@@ -61,7 +67,7 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 }
 
 /// The validated configuration.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The CRI unix socket.
     pub socket: PathBuf,
@@ -69,28 +75,77 @@ pub struct Config {
     pub root: PathBuf,
     /// The handler an empty `runtime_handler` means; always a key of `handlers`.
     pub default_handler: String,
-    pub handlers: BTreeMap<String, Handler>,
+    pub handlers: BTreeMap<String, Arc<RuntimeHandler>>,
     pub cni: Cni,
     /// Registry host (`docker.io`, `127.0.0.1:5000`) → mirrors, TLS settings.
     pub registries: BTreeMap<String, RegistryHost>,
 }
 
-/// One runtime handler: the OCI runtime a RuntimeClass names, and its guest platform.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Handler {
+/// One runtime handler, the OCI runtime a RuntimeClass names, resolved once when the config is
+/// loaded: everything sandbox and container code need to know about it, so they are handed this
+/// (in an `Arc`) rather than a name to look up again.
+#[derive(Debug, Clone)]
+pub struct RuntimeHandler {
     pub name: String,
-    /// Name on PATH or absolute path of the OCI runtime binary.
+    /// Name on PATH or absolute path of the OCI runtime binary, as configured.
     pub binary: PathBuf,
     /// Global flags put before the subcommand.
     pub args: Vec<String>,
     /// The runtime's own state dir (`--root`), if not its default.
     pub root: Option<PathBuf>,
+    /// How the handler's containers share their pod.
+    pub isolation: Isolation,
     /// Guest platform images are chosen for: the configured one, else the host's.
     pub platform: Platform,
     /// Pod and container annotations passed into the OCI spec.
     pub allowed_annotations: Vec<String>,
     /// Whether privileged pods may use this handler.
     pub privileged: bool,
+    /// `binary` (a bare name found on PATH once, here), `args` and `root` as one OCI runtime.
+    oci: OciRuntime,
+}
+
+impl RuntimeHandler {
+    /// The OCI runtime that runs this handler's containers.
+    pub fn oci(&self) -> &OciRuntime {
+        &self.oci
+    }
+}
+
+/// How a handler's containers share their pod: the one difference between runc/crun and gVisor
+/// that sandbox and container code act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Isolation {
+    /// runc, crun: a small infra process holds the pod's IPC, UTS and (when shared) PID
+    /// namespaces, which every container joins; the pod has a `/dev/shm` tmpfs.
+    SharedPodNamespaces,
+    /// runsc: each container is its own sandbox in the pod's network namespace, with IPC, UTS and
+    /// PID namespaces of its own and no infra process; its init runs inside the sandbox (signalled
+    /// through the OCI runtime), and removing it (a slow `runsc delete`) finishes in the background.
+    SandboxPerContainer,
+}
+
+impl Isolation {
+    /// The spellings of the `isolation` key.
+    const NAMES: [(&str, Isolation); 2] = [
+        ("shared-pod-namespaces", Isolation::SharedPodNamespaces),
+        ("sandbox-per-container", Isolation::SandboxPerContainer),
+    ];
+
+    fn parse(s: &str) -> Option<Isolation> {
+        Isolation::NAMES.iter().find(|(name, _)| *name == s).map(|(_, i)| *i)
+    }
+
+    /// Without an `isolation` key: sandbox-per-container for gVisor's `runsc` (a binary whose file
+    /// name contains it), shared pod namespaces for anything else.
+    pub fn default_for(binary: &Path) -> Isolation {
+        if binary.file_name().is_some_and(|n| n.to_string_lossy().contains("runsc")) {
+            Isolation::SandboxPerContainer
+        } else {
+            Isolation::SharedPodNamespaces
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,6 +195,8 @@ struct HandlerFile {
     #[serde(default)]
     args: Vec<String>,
     root: Option<PathBuf>,
+    /// `shared-pod-namespaces` or `sandbox-per-container`; default from the binary.
+    isolation: Option<String>,
     platform: Option<String>,
     #[serde(default)]
     os_version: String,
@@ -202,7 +259,7 @@ impl Config {
         let mut handlers = BTreeMap::new();
         for (name, h) in file.handlers {
             let handler = validate_handler(&name, h)?;
-            handlers.insert(name, handler);
+            handlers.insert(name, Arc::new(handler));
         }
         let discovered = handlers.is_empty();
         if discovered {
@@ -261,7 +318,7 @@ impl Config {
     }
 
     /// `""` means the default handler; unknown names give `None`.
-    pub fn handler(&self, name: &str) -> Option<&Handler> {
+    pub fn handler(&self, name: &str) -> Option<&Arc<RuntimeHandler>> {
         let name = if name.is_empty() { &self.default_handler } else { name };
         self.handlers.get(name)
     }
@@ -282,7 +339,7 @@ impl Config {
     }
 }
 
-fn validate_handler(name: &str, h: HandlerFile) -> Result<Handler, ConfigError> {
+fn validate_handler(name: &str, h: HandlerFile) -> Result<RuntimeHandler, ConfigError> {
     if !is_dns_label(name) {
         return Err(invalid(
             format!("handlers.{name:?}"),
@@ -304,6 +361,13 @@ fn validate_handler(name: &str, h: HandlerFile) -> Result<Handler, ConfigError> 
     {
         return Err(invalid(key("root"), format!("{} is not an absolute path", root.display())));
     }
+    let isolation = match &h.isolation {
+        Some(i) => Isolation::parse(i).ok_or_else(|| {
+            let names: Vec<&str> = Isolation::NAMES.iter().map(|(n, _)| *n).collect();
+            invalid(key("isolation"), format!("unknown isolation {i:?} (one of: {})", names.join(", ")))
+        })?,
+        None => Isolation::default_for(&h.binary),
+    };
     let mut platform = match &h.platform {
         Some(p) => parse_platform(p).ok_or_else(|| invalid(key("platform"), format!("invalid platform {p:?}")))?,
         None => host_platform(),
@@ -322,15 +386,30 @@ fn validate_handler(name: &str, h: HandlerFile) -> Result<Handler, ConfigError> 
             return Err(invalid(format!("{}[{i}]", key("allowed_annotations")), "must not be empty"));
         }
     }
-    Ok(Handler {
+    Ok(RuntimeHandler {
         name: name.to_string(),
+        oci: oci_runtime(&h.binary, &h.args, h.root.as_deref()),
         binary: h.binary,
         args: h.args,
         root: h.root,
+        isolation,
         platform,
         allowed_annotations: h.allowed_annotations,
         privileged: h.privileged,
     })
+}
+
+/// The OCI runtime of a handler: its binary, global args and `--root`. A bare name is looked up on
+/// PATH once here, not by every exec of it (each container start).
+fn oci_runtime(binary: &Path, args: &[String], root: Option<&Path>) -> OciRuntime {
+    let on_path = || std::env::var_os("PATH").and_then(|path| find_on_path(binary.to_str()?, &path));
+    let bare_name = binary.components().count() == 1;
+    let resolved = if bare_name { on_path().unwrap_or_else(|| binary.to_path_buf()) } else { binary.to_path_buf() };
+    let mut rt = OciRuntime::new(resolved, Arc::new(ProcessSpawner)).with_global_args(args.iter().cloned());
+    if let Some(root) = root {
+        rt = rt.with_root(root);
+    }
+    rt
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -365,21 +444,25 @@ fn discovery_path() -> std::ffi::OsString {
 }
 
 /// runc, crun and runsc found in `search_path`, configured with their defaults.
-fn discover_handlers(search_path: &OsStr) -> BTreeMap<String, Handler> {
+fn discover_handlers(search_path: &OsStr) -> BTreeMap<String, Arc<RuntimeHandler>> {
     KNOWN_RUNTIMES
         .iter()
         .filter(|(_, binary, _)| find_on_path(binary, search_path).is_some())
         .map(|(name, binary, args)| {
-            let handler = Handler {
+            let binary = PathBuf::from(binary);
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let handler = RuntimeHandler {
                 name: name.to_string(),
-                binary: PathBuf::from(binary),
-                args: args.iter().map(|a| a.to_string()).collect(),
+                oci: oci_runtime(&binary, &args, None),
+                isolation: Isolation::default_for(&binary),
+                binary,
+                args,
                 root: None,
                 platform: host_platform(),
                 allowed_annotations: Vec::new(),
                 privileged: true,
             };
-            (name.to_string(), handler)
+            (name.to_string(), Arc::new(handler))
         })
         .collect()
 }
@@ -414,6 +497,7 @@ binary = "runc"
 binary = "runsc"
 args = ["--platform=ptrace", "--network=host"]
 root = "/run/berth/runsc"
+isolation = "sandbox-per-container"
 platform = "linux/arm64/v8"
 os_version = "10.0.17763"
 os_features = ["win32k"]
@@ -439,6 +523,7 @@ ca_files = ["/etc/ssl/extra.pem"]
         assert_eq!(g.binary, Path::new("runsc"));
         assert_eq!(g.args, ["--platform=ptrace", "--network=host"]);
         assert_eq!(g.root.as_deref(), Some(Path::new("/run/berth/runsc")));
+        assert_eq!(g.isolation, Isolation::SandboxPerContainer);
         assert_eq!(
             g.platform,
             Platform {
@@ -489,6 +574,48 @@ ca_files = ["/etc/ssl/extra.pem"]
         assert_eq!(err(text), r#"handlers.runc.platform: invalid platform "linux/amd64/v1/x""#);
         let text = "[handlers.runc]\nbinary = \"runc\"\nplatform = \"Linux/amd64\"\n";
         assert!(err(text).starts_with("handlers.runc.platform: "));
+    }
+
+    #[test]
+    fn isolation_defaults_from_the_binary_and_the_key_overrides_it() {
+        let c = parse(
+            r#"
+[handlers.runc]
+binary = "runc"
+[handlers.gvisor]
+binary = "/opt/gvisor/bin/runsc"
+[handlers.vm]
+binary = "/usr/local/bin/vm-runtime"
+isolation = "sandbox-per-container"
+[handlers.shared]
+binary = "runsc"
+isolation = "shared-pod-namespaces"
+"#,
+        )
+        .unwrap();
+        let isolation = |name: &str| c.handler(name).unwrap().isolation;
+        assert_eq!(isolation("runc"), Isolation::SharedPodNamespaces);
+        assert_eq!(isolation("gvisor"), Isolation::SandboxPerContainer);
+        assert_eq!(isolation("vm"), Isolation::SandboxPerContainer);
+        assert_eq!(isolation("shared"), Isolation::SharedPodNamespaces);
+        assert_eq!(
+            err("[handlers.runc]\nbinary = \"runc\"\nisolation = \"vm\"\n"),
+            r#"handlers.runc.isolation: unknown isolation "vm" (one of: shared-pod-namespaces, sandbox-per-container)"#
+        );
+    }
+
+    #[test]
+    fn a_handlers_oci_runtime_is_resolved_once_with_its_args_and_root() {
+        let text = "[handlers.runc]\nbinary = \"/bin/true\"\nargs = [\"--debug\"]\nroot = \"/run/x\"\n\
+                    [handlers.sh]\nbinary = \"sh\"\n";
+        let c = parse(text).unwrap();
+        let runc = c.handler("").unwrap().oci();
+        assert_eq!(runc.binary(), Path::new("/bin/true"));
+        assert_eq!(runc.global_args(), ["--debug"]);
+        assert_eq!(runc.root(), Some(Path::new("/run/x")));
+        let sh = &c.handlers["sh"];
+        assert_eq!(sh.binary, Path::new("sh"), "the configured name stays as written");
+        assert!(sh.oci().binary().is_absolute(), "a bare name is found on PATH: {}", sh.oci().binary().display());
     }
 
     #[test]
@@ -550,7 +677,9 @@ ca_files = ["/etc/ssl/extra.pem"]
         assert_eq!(c.handlers["gvisor"].binary, Path::new("runsc"));
         assert_eq!(c.handlers["gvisor"].args, ["--platform=ptrace", "--network=host"]);
         assert_eq!(c.handlers["gvisor"].platform, host_platform());
+        assert_eq!(c.handlers["gvisor"].isolation, Isolation::SandboxPerContainer);
         assert!(c.handlers["runc"].args.is_empty());
+        assert_eq!(c.handlers["runc"].isolation, Isolation::SharedPodNamespaces);
     }
 
     #[test]

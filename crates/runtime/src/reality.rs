@@ -66,7 +66,7 @@ impl HostReality {
     /// The reality of the runtime configured by `config`: its store root, and one OCI runtime per
     /// handler with the handler's binary, global args and `--root`.
     pub fn new(config: &Config) -> Self {
-        let runtimes = config.handlers.iter().map(|(name, h)| (name.clone(), crate::cri::oci_runtime(h)));
+        let runtimes = config.handlers.iter().map(|(name, h)| (name.clone(), h.oci().clone()));
         Self::with_runtimes(&config.root, runtimes)
     }
 

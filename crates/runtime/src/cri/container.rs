@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::stats::spec_cgroup;
 use super::{Cri, Error};
+use crate::config::{Isolation, RuntimeHandler};
 use crate::host;
 use crate::reality::monitor_dir;
 use crate::state::{ContainerFilter, ContainerRecord, ContainerState, Exit, SandboxRecord, StateError, now_ns};
@@ -41,8 +42,8 @@ impl Cri {
         if image_name.is_empty() {
             return Err(Error::InvalidArgument("CreateContainer: config.image.image is required".into()));
         }
-        let handler = sandbox.runtime_handler.clone();
-        let (name, h) = (image_name.clone(), handler.clone());
+        let handler = self.handler(&sandbox.runtime_handler)?;
+        let (name, h) = (image_name.clone(), handler.name.clone());
         let default = self.config.default_handler.clone();
         let image = self
             .blocking(move |images| {
@@ -62,7 +63,7 @@ impl Cri {
                 Ok(found)
             })
             .await?
-            .ok_or_else(|| Error::ImageNotFound { image: image_name.clone(), handler: handler.clone() })?;
+            .ok_or_else(|| Error::ImageNotFound { image: image_name.clone(), handler: handler.name.clone() })?;
         let layers = {
             let image = image.clone();
             self.blocking(move |images| images.layer_dirs(&image).map_err(|e| Error::image("find", &image.id, "", e)))
@@ -75,7 +76,7 @@ impl Cri {
         let store = self.store.clone();
         let claim = self.blocking_state(move || store.create_container(record)).await?;
         let id = claim.id().to_string();
-        match self.setup_container(claim.record(), &sandbox, &config, &image, &layers).await {
+        match self.setup_container(claim.record(), &sandbox, &handler, &config, &image, &layers).await {
             Ok(bundle) => {
                 let (_, record) = self
                     .blocking_state(move || {
@@ -90,7 +91,7 @@ impl Cri {
                 Ok(cri::CreateContainerResponse { container_id: id })
             }
             Err(e) => {
-                self.cleanup_container_files(&id, &handler).await;
+                self.cleanup_container_files(&id, Some(&handler)).await;
                 self.blocking_state(move || claim.remove().map(drop)).await?;
                 Err(e)
             }
@@ -103,6 +104,7 @@ impl Cri {
         &self,
         record: &ContainerRecord,
         sandbox: &SandboxRecord,
+        handler: &RuntimeHandler,
         config: &cri::ContainerConfig,
         image: &ImageRecord,
         layers: &[PathBuf],
@@ -115,8 +117,7 @@ impl Cri {
             move |source| Error::Host { what, source }
         };
         host::mount_overlay(layers, &dir.join("upper"), &dir.join("work"), &rootfs).map_err(host_err("the rootfs"))?;
-        let pod = sandbox.pod_config()?;
-        let spec = self.container_spec(record, sandbox, &pod, config, image, &rootfs)?;
+        let spec = self.container_spec(record, sandbox, handler, config, image, &rootfs)?;
         let oci = oci_spec_gen::container_spec(&spec)
             .map_err(|e| Error::Spec { id: record.id.clone(), source: Box::new(e) })?;
         let text = serde_json::to_vec_pretty(&oci).expect("a spec serializes");
@@ -128,9 +129,13 @@ impl Cri {
     }
 
     /// The monitor running the OCI runtime's `run --detach`: returns once the process runs.
-    async fn launch_monitor(&self, record: &ContainerRecord) -> Result<berth_monitor::MonitorHandle, Error> {
+    async fn launch_monitor(
+        &self,
+        record: &ContainerRecord,
+        handler: &RuntimeHandler,
+    ) -> Result<berth_monitor::MonitorHandle, Error> {
         let config = record.container_config()?;
-        let runtime = self.oci_runtime(&record.handler)?;
+        let runtime = handler.oci();
         let dir = self.store.container_dir(&record.id);
         let pid_file = dir.join("init.pid");
         let mut create = CreateOptions::new(dir.join("bundle")).pid_file(&pid_file);
@@ -164,13 +169,15 @@ impl Cri {
         &self,
         record: &ContainerRecord,
         sandbox: &SandboxRecord,
-        pod: &cri::PodSandboxConfig,
+        handler: &RuntimeHandler,
         config: &cri::ContainerConfig,
         image: &ImageRecord,
         rootfs: &Path,
     ) -> Result<ContainerSpec, Error> {
         let invalid = |m: String| Error::InvalidArgument(format!("container {:?}: {m}", record.metadata.name));
-        let gvisor = self.is_gvisor(&sandbox.runtime_handler);
+        let pod = &sandbox.pod_config()?;
+        // Each container its own sandbox: no infra process whose namespaces it could join.
+        let own_sandbox = handler.isolation == Isolation::SandboxPerContainer;
         let linux = config.linux.clone().unwrap_or_default();
         let sc = linux.security_context.clone().unwrap_or_default();
         let image_config = &image.config["config"];
@@ -199,7 +206,7 @@ impl Cri {
         };
         let pid = match cri::NamespaceMode::try_from(modes.pid) {
             Ok(cri::NamespaceMode::Node) => NamespaceMode::Host,
-            Ok(cri::NamespaceMode::Pod) if !gvisor => infra_ns("pid").unwrap_or_default(),
+            Ok(cri::NamespaceMode::Pod) if !own_sandbox => infra_ns("pid").unwrap_or_default(),
             Ok(cri::NamespaceMode::Target) => {
                 let target = self.store.container(&modes.target_id)?;
                 let pid =
@@ -210,14 +217,14 @@ impl Cri {
         };
         let ipc = if sandbox.namespaces.ipc == node {
             NamespaceMode::Host
-        } else if gvisor {
+        } else if own_sandbox {
             NamespaceMode::New
         } else {
             infra_ns("ipc").unwrap_or_default()
         };
         let uts = if sandbox.namespaces.host_network() {
             NamespaceMode::Host
-        } else if gvisor {
+        } else if own_sandbox {
             NamespaceMode::New
         } else {
             infra_ns("uts").unwrap_or_default()
@@ -257,7 +264,7 @@ impl Cri {
         let r = linux.resources.clone().unwrap_or_default();
         let caps = sc.capabilities.clone().unwrap_or_default();
         let seccomp = seccomp_profile(&sc).map_err(invalid)?;
-        let allowed = &self.handler(&sandbox.runtime_handler)?.allowed_annotations;
+        let allowed = &handler.allowed_annotations;
         let annotations = pod
             .annotations
             .iter()
@@ -336,10 +343,10 @@ impl Cri {
         // Taken before the OCI runtime runs: the process starts within that call, and may even
         // have exited by its end, so a later timestamp could come after its `finished_at`.
         let started_at = now_ns();
-        let launched = match record.monitor_pid {
+        let launched = match (record.monitor_pid, self.handler(&record.handler)) {
             // Created by an older berth, whose CreateContainer ran the OCI `create`.
-            Some(monitor_pid) => {
-                let runtime = self.oci_runtime(&record.handler)?;
+            (Some(monitor_pid), handler) => {
+                let runtime = handler?.oci().clone();
                 let id = record.id.clone();
                 tokio::task::spawn_blocking(move || runtime.start(&id))
                     .await
@@ -347,7 +354,8 @@ impl Cri {
                     .map(|()| berth_monitor::MonitorHandle { monitor_pid, container_pid: record.pid.unwrap_or(0) })
                     .map_err(|e| Error::Oci { op: "start", id: record.id.clone(), source: Box::new(e) })
             }
-            None => self.launch_monitor(&record).await,
+            (None, Ok(handler)) => self.launch_monitor(&record, &handler).await,
+            (None, Err(e)) => Err(e),
         };
         let handle = match launched {
             Ok(handle) => handle,
@@ -399,7 +407,8 @@ impl Cri {
     /// RemoveContainer waits for a deletion still running.
     async fn delete_exited(&self, id: &str) {
         let Ok(record) = self.store.container(id) else { return };
-        let Ok(runtime) = self.oci_runtime(&record.handler) else { return };
+        let Ok(handler) = self.handler(&record.handler) else { return };
+        let runtime = handler.oci().clone();
         let (tx, rx) = tokio::sync::watch::channel(None);
         self.oci_deletes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), rx);
         let id_owned = id.to_string();
@@ -445,14 +454,21 @@ impl Cri {
         self: &Arc<Self>,
         req: cri::StopContainerRequest,
     ) -> Result<cri::StopContainerResponse, Error> {
-        let id = self.store.resolve::<ContainerRecord>(&req.container_id)?;
-        self.stop_container_now(&id, req.timeout).await?;
+        let record = self.store.container(&req.container_id)?;
+        let handler = self.handler(&record.handler).ok();
+        self.stop_container_now(&record.id, handler.as_deref(), req.timeout).await?;
         Ok(cri::StopContainerResponse {})
     }
 
     /// The image's stop signal (SIGTERM by default), up to `timeout` seconds for the exit, then
-    /// SIGKILL. A container that is not running is left as it is.
-    pub(crate) async fn stop_container_now(self: &Arc<Self>, id: &str, timeout: i64) -> Result<(), Error> {
+    /// SIGKILL. A container that is not running is left as it is. `handler` is the container's,
+    /// `None` when it is no longer configured.
+    pub(crate) async fn stop_container_now(
+        self: &Arc<Self>,
+        id: &str,
+        handler: Option<&RuntimeHandler>,
+        timeout: i64,
+    ) -> Result<(), Error> {
         let record = self.store.container(id)?;
         if !record.state().can_stop() {
             return Ok(());
@@ -468,13 +484,13 @@ impl Cri {
         };
         if timeout > 0 {
             let signal = self.stop_signal(&record);
-            self.signal(&record, signal, false).await?;
+            self.signal(&record, handler, signal, false).await?;
             let wait = tokio::time::timeout(Duration::from_secs(timeout as u64), rx.wait_for(|done| *done)).await;
             if wait.is_ok() {
                 return Ok(());
             }
         }
-        self.signal(&record, Signal::SIGKILL, true).await?;
+        self.signal(&record, handler, Signal::SIGKILL, true).await?;
         match tokio::time::timeout(KILL_GRACE, rx.wait_for(|done| *done)).await {
             Ok(_) => Ok(()),
             Err(_) => {
@@ -497,18 +513,28 @@ impl Cri {
         self.exits.lock().unwrap_or_else(|e| e.into_inner()).get(&record.id).cloned()
     }
 
-    /// Signals the container's init directly (the OCI runtime for gVisor, whose init is inside its
-    /// sandbox); `all` signals every process of a container that shares the pod's PID namespace.
-    async fn signal(&self, record: &ContainerRecord, signal: Signal, all: bool) -> Result<(), Error> {
+    /// Signals the container's init directly (through the OCI runtime for a sandbox-per-container
+    /// handler, whose init is inside its sandbox); `all` signals every process of a container that
+    /// shares the pod's PID namespace. Without a handler only the direct signal is possible.
+    async fn signal(
+        &self,
+        record: &ContainerRecord,
+        handler: Option<&RuntimeHandler>,
+        signal: Signal,
+        all: bool,
+    ) -> Result<(), Error> {
         let shared_pid = self.shares_pid_namespace(record);
-        if let (Some(pid), false) = (record.pid, self.is_gvisor(&record.handler)) {
+        let own_sandbox = handler.is_some_and(|h| h.isolation == Isolation::SandboxPerContainer);
+        if let (Some(pid), false) = (record.pid, own_sandbox) {
             host::kill(pid, signal)
                 .map_err(|e| Error::Host { what: format!("signalling container {}", record.id), source: e })?;
             if !(all && shared_pid) {
                 return Ok(());
             }
         }
-        let runtime = self.oci_runtime(&record.handler)?;
+        let Some(runtime) = handler.map(|h| h.oci().clone()) else {
+            return Err(self.unknown_handler(&record.handler));
+        };
         let id = record.id.clone();
         let result = tokio::task::spawn_blocking(move || runtime.kill(&id, signal, all)).await.map_err(Error::Task)?;
         match result {
@@ -542,20 +568,21 @@ impl Cri {
             Err(StateError::NotFound { .. }) => return Ok(cri::RemoveContainerResponse {}),
             Err(e) => return Err(e.into()),
         };
+        let handler = self.handler(&self.store.container(&id)?.handler).ok();
         // A running container is force-removed: stopped at once first.
-        self.stop_container_now(&id, 0).await?;
+        self.stop_container_now(&id, handler.as_deref(), 0).await?;
         let claim = self.store.begin_remove_container(&id)?;
         let record = claim.record().clone();
-        if self.is_gvisor(&record.handler) {
+        if handler.as_ref().is_some_and(|h| h.isolation == Isolation::SandboxPerContainer) {
             // `runsc delete` takes over a second after the app is gone: the record goes now and the
             // host side follows in the background. A crash in between leaves a record-less
             // directory, which the next start finishes removing (see `Cri::open`).
             self.blocking_state(move || claim.remove().map(drop)).await?;
             let cri = Arc::clone(self);
-            let (id, handler, sandbox_id) = (id.clone(), record.handler.clone(), record.sandbox_id.clone());
+            let (id, handler, sandbox_id) = (id.clone(), handler.clone(), record.sandbox_id.clone());
             let sandbox_cgroup = self.store.sandbox(&sandbox_id).ok().and_then(|s| self.own_sandbox_cgroup(&s));
             self.background.spawn(async move {
-                cri.cleanup_container_files(&id, &handler).await;
+                cri.cleanup_container_files(&id, handler.as_deref()).await;
                 let _ = std::fs::remove_dir_all(cri.store.container_dir(&id));
                 // The sandbox removed meanwhile could not remove its cgroup while this
                 // container's was in it (see `remove_pod_sandbox`).
@@ -566,7 +593,7 @@ impl Cri {
                 }
             });
         } else {
-            self.cleanup_container_files(&id, &record.handler).await;
+            self.cleanup_container_files(&id, handler.as_deref()).await;
             self.blocking_state(move || claim.remove().map(drop)).await?;
         }
         self.exits.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -575,9 +602,10 @@ impl Cri {
         Ok(cri::RemoveContainerResponse {})
     }
 
-    /// Deletes the OCI container (forced) and its cgroup, waits briefly for its monitor, unmounts
-    /// the rootfs and removes everything in the container's directory but the record.
-    async fn cleanup_container_files(&self, id: &str, handler: &str) {
+    /// Deletes the OCI container (forced; not without its `handler`) and its cgroup, waits briefly
+    /// for its monitor, unmounts the rootfs and removes everything in the container's directory
+    /// but the record.
+    async fn cleanup_container_files(&self, id: &str, handler: Option<&RuntimeHandler>) {
         let dir = self.store.container_dir(id);
         // Read before the bundle goes. The OCI runtime removes the cgroup when it deletes the
         // container, but runsc leaves it when its sandbox failed to start (the pod's stays busy).
@@ -590,7 +618,7 @@ impl Cri {
             }
             None => false,
         };
-        if !deleted && let Ok(runtime) = self.oci_runtime(handler) {
+        if !deleted && let Some(runtime) = handler.map(|h| h.oci().clone()) {
             let id_owned = id.to_string();
             match tokio::task::spawn_blocking(move || runtime.delete(&id_owned, true)).await {
                 Ok(Ok(())) | Ok(Err(OciError::NotFound { .. })) => {}
@@ -686,7 +714,7 @@ impl Cri {
                 source: e,
             })?;
         } else {
-            let runtime = self.oci_runtime(&record.handler)?;
+            let runtime = self.handler(&record.handler)?.oci().clone();
             let id = record.id.clone();
             let result = tokio::task::spawn_blocking(move || runtime.update(&id, &file)).await.map_err(Error::Task)?;
             result.map_err(|e| Error::Oci { op: "update", id: record.id.clone(), source: Box::new(e) })?;
@@ -751,8 +779,8 @@ impl Cri {
         }
         let record = self.running(&req.container_id)?;
         let (process_file, pid_file) = self.exec_process_file(&record, &req.cmd, false, None)?;
-        let runtime = self.oci_runtime(&record.handler)?;
-        let args = runtime.exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));
+        let runtime = self.handler(&record.handler)?;
+        let args = runtime.oci().exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));
         let mut command = tokio::process::Command::new(&args[0]);
         command
             .args(&args[1..])

@@ -1,19 +1,17 @@
-//! The CRI v1 service: the shared state every RPC works on, handler resolution and startup
+//! The CRI v1 service: the shared state every RPC works on, handler lookup and startup
 //! (recover, reconcile, exit watchers); the image, sandbox, container and stats halves live in
 //! submodules as plain async methods, and [`grpc`] adapts them to tonic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use berth_cni::{Cni, KernelNetns};
 use berth_image::Images;
-use berth_oci::OciRuntime;
-use berth_oci::runtime::ProcessSpawner;
 use k8s_cri::v1 as cri;
 use tokio::sync::{broadcast, watch};
 
-use crate::config::{Config, Handler};
+use crate::config::{Config, RuntimeHandler};
 use crate::reality::HostReality;
 use crate::state::{ContainerState, StateError, Store, now_ns};
 
@@ -42,13 +40,12 @@ pub struct Options {
     pub stream_address: Option<std::net::SocketAddr>,
 }
 
-/// What the CRI services share: the configuration, the image store, the sandbox and container
-/// records, the OCI runtimes, the pod network, and the exit watchers.
+/// What the CRI services share: the configuration (with the resolved runtime handlers), the
+/// image store, the sandbox and container records, the pod network, and the exit watchers.
 pub struct Cri {
     config: Config,
     images: Arc<Images>,
     store: Arc<Store>,
-    runtimes: BTreeMap<String, OciRuntime>,
     cni: Arc<Cni>,
     netns: Arc<KernelNetns>,
     monitor_binary: PathBuf,
@@ -108,14 +105,12 @@ impl Cri {
         let cni =
             Cni::new(config.cni.conf_dir.clone(), config.cni.bin_dirs.clone()).with_cache_dir(config.root.join("cni"));
         let netns = KernelNetns::new(options.netns_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_NETNS_DIR)));
-        let runtimes = config.handlers.iter().map(|(name, h)| (name.clone(), oci_runtime(h))).collect();
         let handler_checks = runtime::HandlerChecks::start(&config.handlers).await;
         let (events, _) = broadcast::channel(1024);
         let cri = Arc::new(Cri {
             config,
             images,
             store,
-            runtimes,
             cni: Arc::new(cni),
             netns: Arc::new(netns),
             monitor_binary,
@@ -157,8 +152,8 @@ impl Cri {
             let kind = dir.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
             match kind.as_deref() {
                 Some("containers") => {
-                    for runtime in self.runtimes.values() {
-                        let (runtime, id) = (runtime.clone(), id.clone());
+                    for handler in self.config.handlers.values() {
+                        let (runtime, id) = (handler.oci().clone(), id.clone());
                         let _ = tokio::task::spawn_blocking(move || runtime.delete(&id, true)).await;
                     }
                     let _ = crate::host::unmount(&dir.join("bundle").join("rootfs"));
@@ -179,23 +174,15 @@ impl Cri {
         &self.config
     }
 
-    /// `""` is the default handler; an unknown name is `InvalidArgument` naming the configured ones.
-    pub fn handler(&self, name: &str) -> Result<&Handler, Error> {
-        self.config.handler(name).ok_or_else(|| Error::UnknownHandler {
-            handler: name.to_string(),
-            known: self.config.handlers.keys().cloned().collect(),
-        })
+    /// The handler a request or a record names, resolved when the config was loaded: `""` is the
+    /// default handler; an unknown name is `InvalidArgument` naming the configured ones. Called
+    /// once per RPC, where the name comes in; the code below it is handed the result.
+    pub fn handler(&self, name: &str) -> Result<Arc<RuntimeHandler>, Error> {
+        self.config.handler(name).cloned().ok_or_else(|| self.unknown_handler(name))
     }
 
-    fn oci_runtime(&self, handler: &str) -> Result<OciRuntime, Error> {
-        let name = self.handler(handler)?.name.clone();
-        Ok(self.runtimes[&name].clone())
-    }
-
-    /// gVisor handlers run each container as its own runsc sandbox (no infra process, no shared
-    /// IPC/UTS/PID namespaces); recognised by the binary's name.
-    fn is_gvisor(&self, handler: &str) -> bool {
-        self.handler(handler).is_ok_and(|h| h.binary.file_name().is_some_and(|n| n.to_string_lossy().contains("runsc")))
+    fn unknown_handler(&self, name: &str) -> Error {
+        Error::UnknownHandler { handler: name.to_string(), known: self.config.handlers.keys().cloned().collect() }
     }
 
     /// Runs a blocking image-store call off the async workers.
@@ -252,19 +239,6 @@ impl Cri {
             let _ = rx.wait_for(|closing| *closing).await;
         }
     }
-}
-
-/// The OCI runtime of a handler: its binary, global args and `--root`.
-pub fn oci_runtime(h: &Handler) -> OciRuntime {
-    // A bare name is looked up on PATH once here, not by every exec of it (each container start).
-    let on_path = || std::env::var_os("PATH").and_then(|path| crate::config::find_on_path(h.binary.to_str()?, &path));
-    let bare_name = h.binary.components().count() == 1;
-    let binary = if bare_name { on_path().unwrap_or_else(|| h.binary.clone()) } else { h.binary.clone() };
-    let mut rt = OciRuntime::new(binary, Arc::new(ProcessSpawner)).with_global_args(h.args.iter().cloned());
-    if let Some(root) = &h.root {
-        rt = rt.with_root(root);
-    }
-    rt
 }
 
 /// `berth-monitor` next to the executable, one directory up (test binaries live in `deps/`), or

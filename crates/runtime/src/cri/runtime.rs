@@ -11,7 +11,7 @@ use k8s_cri::v1 as cri;
 use serde_json::json;
 
 use super::Cri;
-use crate::config::Handler;
+use crate::config::RuntimeHandler;
 
 /// The CRI API version berth speaks (what `VersionResponse.version` reports).
 pub const CRI_VERSION: &str = "0.1.0";
@@ -98,6 +98,7 @@ impl Cri {
                     "binary": h.binary,
                     "args": h.args,
                     "root": h.root,
+                    "isolation": h.isolation,
                     "platform": h.platform,
                     "allowedAnnotations": h.allowed_annotations,
                     "privileged": h.privileged,
@@ -145,7 +146,7 @@ struct CheckState {
 
 impl HandlerChecks {
     /// Checks every handler's binary once (concurrently, each bounded by the timeout).
-    pub(crate) async fn start(handlers: &BTreeMap<String, Handler>) -> Arc<HandlerChecks> {
+    pub(crate) async fn start(handlers: &BTreeMap<String, Arc<RuntimeHandler>>) -> Arc<HandlerChecks> {
         let binaries = handlers.iter().map(|(name, h)| (name.clone(), h.binary.clone())).collect();
         let checks = Arc::new(HandlerChecks { binaries, state: Mutex::new(CheckState::default()) });
         checks.state().running = true;
@@ -237,7 +238,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn handlers(toml: &str) -> BTreeMap<String, Handler> {
+    fn handlers(toml: &str) -> BTreeMap<String, Arc<RuntimeHandler>> {
         Config::from_toml(toml, OsStr::new("")).unwrap().handlers
     }
 

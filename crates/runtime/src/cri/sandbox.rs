@@ -3,10 +3,11 @@
 //!
 //! A sandbox is, on the host:
 //! - a network namespace under the netns dir, wired by the CNI plugins (none with host networking);
-//! - for runc and crun, an infra process (`unshare … berth-monitor pause`) holding the pod's shared
-//!   IPC and UTS namespaces (and its PID namespace when the pod shares one) — no infra container:
-//!   containers join `/proc/<infra>/ns/…`. gVisor runs each container as its own runsc sandbox in
-//!   the pod's netns, so it gets no infra process;
+//! - for handlers that share the pod's namespaces (runc, crun), an infra process
+//!   (`unshare … berth-monitor pause`) holding the pod's shared IPC and UTS namespaces (and its PID
+//!   namespace when the pod shares one) — no infra container: containers join
+//!   `/proc/<infra>/ns/…`. A sandbox-per-container handler (gVisor's runsc) runs each container as
+//!   its own sandbox in the pod's netns, so it gets no infra process;
 //! - files in the record's directory that every container mounts: `hostname`, `resolv.conf`,
 //!   `hosts`, and a `shm` tmpfs when the pod has its own IPC namespace.
 //!
@@ -24,6 +25,7 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use super::{Cri, Error};
+use crate::config::{Isolation, RuntimeHandler};
 use crate::host;
 use crate::state::{SandboxFilter, SandboxRecord, now_ns};
 
@@ -36,7 +38,7 @@ impl Cri {
         req: cri::RunPodSandboxRequest,
     ) -> Result<cri::RunPodSandboxResponse, Error> {
         let config = req.config.ok_or_else(|| Error::InvalidArgument("RunPodSandbox: config is required".into()))?;
-        let handler = self.handler(&req.runtime_handler)?.clone();
+        let handler = self.handler(&req.runtime_handler)?;
         let privileged = config.linux.as_ref().and_then(|l| l.security_context.as_ref()).is_some_and(|s| s.privileged);
         if privileged && !handler.privileged {
             return Err(Error::InvalidArgument(format!(
@@ -48,7 +50,7 @@ impl Cri {
         let store = self.store.clone();
         let mut claim = self.blocking_state(move || store.create_sandbox(record)).await?;
         let id = claim.id().to_string();
-        match self.setup_sandbox(&mut claim, &config).await {
+        match self.setup_sandbox(&mut claim, &config, &handler).await {
             Ok(()) => {
                 self.blocking_state(move || claim.commit(|s| s.mark_ready())).await?;
                 tracing::info!(sandbox = %id, handler = %handler.name, "pod sandbox ready");
@@ -72,6 +74,7 @@ impl Cri {
         &self,
         claim: &mut crate::state::SandboxClaim,
         config: &cri::PodSandboxConfig,
+        handler: &RuntimeHandler,
     ) -> Result<(), Error> {
         let record = claim.record().clone();
         let files = self.sandbox_files_dir(&record.id);
@@ -79,12 +82,12 @@ impl Cri {
         let host_ipc = record.namespaces.ipc == cri::NamespaceMode::Node as i32;
         write_sandbox_files(&files, config, host_network)
             .map_err(|e| Error::Host { what: format!("writing the files of sandbox {}", record.id), source: e })?;
-        if !host_ipc && !self.is_gvisor(&record.runtime_handler) {
+        if !host_ipc && handler.isolation == Isolation::SharedPodNamespaces {
             host::mount_tmpfs(&files.join("shm"), SHM_OPTIONS)
                 .map_err(|e| Error::Host { what: format!("sandbox {} /dev/shm", record.id), source: e })?;
         }
 
-        let infra = self.infra_options(&record, config);
+        let infra = infra_options(&record, config, handler);
         let network = async {
             if host_network {
                 return Ok(None);
@@ -134,24 +137,6 @@ impl Cri {
         Ok(())
     }
 
-    /// The namespaces the pod's infra process holds: shared PID only in `POD` mode, IPC unless
-    /// the host's, UTS unless the pod uses the host network (and hence the host's UTS, as in
-    /// Kubernetes). None for gVisor.
-    fn infra_options(&self, record: &SandboxRecord, config: &cri::PodSandboxConfig) -> host::InfraOptions {
-        if self.is_gvisor(&record.runtime_handler) {
-            return host::InfraOptions::default();
-        }
-        let ns = &record.namespaces;
-        let pod = cri::NamespaceMode::Pod as i32;
-        let uts = !ns.host_network();
-        host::InfraOptions {
-            pid: ns.pid == pod,
-            ipc: ns.ipc != cri::NamespaceMode::Node as i32,
-            uts,
-            hostname: uts.then(|| config.hostname.clone()).filter(|h| !h.is_empty()),
-        }
-    }
-
     fn attachment(&self, record: &SandboxRecord, config: &cri::PodSandboxConfig, netns: PathBuf) -> Attachment {
         let m = &record.metadata;
         let ports = config
@@ -175,9 +160,10 @@ impl Cri {
     /// Stops the sandbox's containers (SIGKILL), its infra process, its network and its shm, each
     /// step idempotent, recording each piece as gone once it is.
     async fn teardown_sandbox(self: &Arc<Self>, record: &SandboxRecord) -> Result<(), Error> {
+        let handler = self.handler(&record.runtime_handler).ok();
         for c in self.store.containers_in(&record.id) {
             if c.state().can_stop() {
-                self.stop_container_now(&c.id, 0).await?;
+                self.stop_container_now(&c.id, handler.as_deref(), 0).await?;
             }
         }
         if let Some(pid) = record.infra_pid {
@@ -292,6 +278,28 @@ impl Cri {
     /// Where a sandbox keeps the files its containers mount.
     pub(crate) fn sandbox_files_dir(&self, id: &str) -> PathBuf {
         self.store.sandbox_dir(id).join("files")
+    }
+}
+
+/// The namespaces the pod's infra process holds: shared PID only in `POD` mode, IPC unless the
+/// host's, UTS unless the pod uses the host network (and hence the host's UTS, as in Kubernetes).
+/// None for a sandbox-per-container handler.
+fn infra_options(
+    record: &SandboxRecord,
+    config: &cri::PodSandboxConfig,
+    handler: &RuntimeHandler,
+) -> host::InfraOptions {
+    if handler.isolation == Isolation::SandboxPerContainer {
+        return host::InfraOptions::default();
+    }
+    let ns = &record.namespaces;
+    let pod = cri::NamespaceMode::Pod as i32;
+    let uts = !ns.host_network();
+    host::InfraOptions {
+        pid: ns.pid == pod,
+        ipc: ns.ipc != cri::NamespaceMode::Node as i32,
+        uts,
+        hostname: uts.then(|| config.hostname.clone()).filter(|h| !h.is_empty()),
     }
 }
 

@@ -101,9 +101,10 @@ impl Backend for StreamBackend {
             _ => None,
         };
         let (process_file, pid_file) = cri.exec_process_file(&record, &cmd, tty, first_size).map_err(failed)?;
-        let runtime = cri.oci_runtime(&record.handler).map_err(failed)?;
+        let handler = cri.handler(&record.handler).map_err(failed)?;
+        let runtime = handler.oci();
         let result = if tty {
-            exec_tty(&record, &runtime, &process_file, &pid_file, first_size, streams).await
+            exec_tty(&record, runtime, &process_file, &pid_file, first_size, streams).await
         } else {
             let args = runtime.exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));
             exec_piped(args, streams).await
