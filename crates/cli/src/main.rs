@@ -11,12 +11,22 @@ use clap::{Parser, Subcommand};
     about = "Kubernetes-compatible orchestrator where every pod runs on the runtime its RuntimeClass names"
 )]
 struct Cli {
+    /// Set by `berth up`'s supervisor on the parts it starts: the part gets SIGTERM when the
+    /// supervisor dies, and exits at once if it is already gone.
+    #[arg(long, hide = true, value_name = "PID")]
+    supervisor_pid: Option<u32>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a whole cluster on this machine (server, runtime with the OCI runtimes that work here, agent), or join one as a worker.
+    Up(commands::up::Args),
+    /// Stop the cluster `berth up` started; containers keep running unless --stop-pods.
+    Down(commands::down::Args),
+    /// Show each part of the cluster `berth up` runs: state, pid, health, the node's handlers, logs.
+    Status(commands::status::Args),
     /// Serve the Kubernetes API (control plane) on the embedded store or etcd.
     Server(commands::server::Args),
     /// Serve CRI (pods, containers and images per runtime handler) on a unix socket for runc, crun and gVisor.
@@ -33,8 +43,24 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // `berth up`, `down` and `status` talk to the user; only the supervisor keeps a log (its
+    // readiness polls make kube's client log every refused connection: it reports its own).
+    let default_log = match &cli.command {
+        Command::Up(args) if args.runs_supervisor() => "info,kube_client=off",
+        Command::Up(_) | Command::Down(_) | Command::Status(_) => "error,kube_client=off",
+        _ => "info",
+    };
+    init_logging(default_log);
+    if let Some(pid) = cli.supervisor_pid {
+        die_with_supervisor(pid);
+    }
+    // `berth up`'s supervisor starts its parts from this thread, so that the kernel's
+    // parent-death signal (tied to the thread that forked) fires only when the process ends.
+    let mut builder = if matches!(cli.command, Command::Up(_) | Command::Down(_) | Command::Status(_)) {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
     if matches!(cli.command, Command::Runtime(_)) {
         // The CRI runtime idles most of its life: blocking threads (OCI runtime calls, record
         // writes) go as soon as a burst is over instead of keeping their memory for 10 s.
@@ -47,6 +73,9 @@ fn main() -> anyhow::Result<()> {
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
         match cli.command {
+            Command::Up(args) => commands::up::run(args).await,
+            Command::Down(args) => commands::down::run(args).await,
+            Command::Status(args) => commands::status::run(args).await,
             Command::Server(args) => commands::server::run(args).await,
             Command::Runtime(args) => commands::runtime::run(args).await,
             Command::Cri(args) => commands::cri::run(args).await,
@@ -57,11 +86,28 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-fn init_logging() {
+/// SIGTERM when the supervisor `pid` (our parent) dies; exit now if it already has.
+fn die_with_supervisor(pid: u32) {
+    use rustix::process::{Signal, getppid, set_parent_process_death_signal};
+    if let Err(e) = set_parent_process_death_signal(Some(Signal::TERM)) {
+        tracing::warn!(error = %e, "cannot ask for a signal when the supervisor dies");
+    }
+    if getppid().map(|p| p.as_raw_nonzero().get() as u32) != Some(pid) {
+        eprintln!("berth: the supervisor (pid {pid}) is gone; exiting");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging(default: &str) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("BERTH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("BERTH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let json = std::env::var("BERTH_LOG_FORMAT").is_ok_and(|f| f == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: the parts `berth up` starts log to files.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     if json {
         builder.json().init();
     } else {

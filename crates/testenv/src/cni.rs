@@ -8,6 +8,7 @@
 //! | `berth-bench cri` | `benchberth0`, `benchctd0` | `10.196.0.0/24`, `10.197.0.0/24` |
 //! | `scripts/testenv` | `berthtenv0` | `10.199.0.0/24` |
 //! | [`crate::Containerd`] | `ctd…` | 10.200–10.231 |
+//! | `berth up` in `crates/cli/tests/up.rs` | `bup…` | 10.232–10.239 |
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};

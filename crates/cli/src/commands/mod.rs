@@ -3,7 +3,10 @@
 pub mod agent;
 pub mod controller_manager;
 pub mod cri;
+pub mod down;
 pub mod leading;
 pub mod runtime;
 pub mod scheduler;
 pub mod server;
+pub mod status;
+pub mod up;

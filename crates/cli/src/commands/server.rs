@@ -16,7 +16,7 @@ use super::controller_manager::{ControllerArgs, manage};
 use super::leading::shutdown_signal;
 use super::scheduler::{SchedulingArgs, schedule};
 
-const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -156,12 +156,21 @@ async fn wait_for_parts(parts: Vec<tokio::task::JoinHandle<()>>) {
 
 /// Adds a node token and prints a kubeconfig with the admin kubeconfig's cluster and that token.
 fn create_token(args: &TokenCreateArgs) -> anyhow::Result<()> {
-    validate_node_name(&args.node)?;
-    // Read the cluster first, so a data dir without a server gets no token.
-    let cluster = admin_cluster(&args.data_dir)?;
-    let token = create_node_token(&args.data_dir, &args.node)
-        .with_context(|| format!("cannot create a token for node {:?}", args.node))?;
+    print!("{}", node_kubeconfig(&args.data_dir, &args.node)?);
     let user = format!("{NODE_USER_PREFIX}{}", args.node);
+    eprintln!("added a token for user {user} to {}", args.data_dir.join(NODE_TOKEN_FILE).display());
+    Ok(())
+}
+
+/// Adds a node token to the server's data dir and returns a kubeconfig (YAML) with the admin
+/// kubeconfig's cluster and that token, for user `system:node:<node>`.
+pub fn node_kubeconfig(data_dir: &Path, node: &str) -> anyhow::Result<String> {
+    validate_node_name(node)?;
+    // Read the cluster first, so a data dir without a server gets no token.
+    let cluster = admin_cluster(data_dir)?;
+    let token =
+        create_node_token(data_dir, node).with_context(|| format!("cannot create a token for node {node:?}"))?;
+    let user = format!("{NODE_USER_PREFIX}{node}");
     let config = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -171,13 +180,11 @@ fn create_token(args: &TokenCreateArgs) -> anyhow::Result<()> {
         "current-context": "berth",
         "preferences": {},
     });
-    print!("{}", serde_yaml::to_string(&config).context("cannot render the kubeconfig")?);
-    eprintln!("added a token for user {user} to {}", args.data_dir.join(NODE_TOKEN_FILE).display());
-    Ok(())
+    serde_yaml::to_string(&config).context("cannot render the kubeconfig")
 }
 
 /// The `cluster` (server URL and CA) of the admin kubeconfig the server writes on start.
-fn admin_cluster(data_dir: &Path) -> anyhow::Result<serde_json::Value> {
+pub fn admin_cluster(data_dir: &Path) -> anyhow::Result<serde_json::Value> {
     let path = data_dir.join("admin.kubeconfig");
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!("cannot read {} (has `berth server --data-dir {}` run?)", path.display(), data_dir.display())

@@ -178,6 +178,11 @@ pub struct Context {
 }
 
 impl Context {
+    /// One endpoint for both services, with `timeout` for connecting and for each call.
+    pub fn new(endpoint: &str, timeout: Duration) -> Context {
+        Context { runtime_endpoint: endpoint.to_string(), image_endpoint: endpoint.to_string(), timeout }
+    }
+
     pub async fn images(&self) -> anyhow::Result<ImageServiceClient<Channel>> {
         Ok(ImageServiceClient::new(connect(&self.image_endpoint, self.timeout).await?))
     }
