@@ -1,5 +1,5 @@
-//! `berth-bench`: berth's API, image pulls and CRI pods, each next to its floor or reference
-//! measured in the same run.
+//! `berth-bench`: berth's API, image pulls, CRI pods, node agent and scheduler, each next to its
+//! floor or reference measured in the same run.
 
 mod agent;
 mod api;
@@ -8,6 +8,7 @@ mod etcd_server;
 mod image;
 mod raw_etcd;
 mod report;
+mod scheduler;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -22,7 +23,10 @@ use clap::{Args, Parser, Subcommand};
 use crate::stats::Figure;
 
 #[derive(Parser)]
-#[command(name = "berth-bench", about = "Benchmarks of berth: control plane, image pulls, CRI runtime, node agent")]
+#[command(
+    name = "berth-bench",
+    about = "Benchmarks of berth: control plane, image pulls, CRI runtime, node agent, scheduler"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,6 +42,9 @@ enum Command {
     Cri(cri::CriArgs),
     /// Pod start through server, agent and runtime per handler, next to CRI only and the raw floor.
     Agent(agent::AgentArgs),
+    /// Pods scheduled per second on thousands of nodes, next to the raw binding-write rate, and
+    /// the scheduler's memory.
+    Scheduler(scheduler::SchedulerArgs),
 }
 
 #[derive(Args)]
@@ -68,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Image(args) => image::run(args).await,
         Command::Cri(args) => cri::run(args).await,
         Command::Agent(args) => agent::run(args).await,
+        Command::Scheduler(args) => scheduler::run(args).await,
     }
 }
 

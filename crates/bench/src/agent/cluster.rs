@@ -38,9 +38,18 @@ pub async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
 
 /// `berth server` on a free port, SQLite in `dir/data`; returns once it answers the admin.
 pub async fn start_server(binary: &Path, dir: &Path) -> anyhow::Result<(Daemon, kube::Client, PathBuf)> {
+    start_server_with(binary, dir, &[]).await
+}
+
+/// [`start_server`] with `extra` arguments (say, `--no-scheduler`).
+pub async fn start_server_with(
+    binary: &Path,
+    dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<(Daemon, kube::Client, PathBuf)> {
     let data_dir = dir.join("data");
     let port = free_port()?;
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "server".into(),
         "--data-dir".into(),
         data_dir.to_string_lossy().into_owned(),
@@ -50,6 +59,7 @@ pub async fn start_server(binary: &Path, dir: &Path) -> anyhow::Result<(Daemon, 
         "--compaction-interval-seconds".into(),
         "3600".into(),
     ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     let daemon = Daemon::spawn(binary, &args, &dir.join("server.log"))?;
     let kubeconfig = data_dir.join("admin.kubeconfig");
     let deadline = Instant::now() + START_PATIENCE;

@@ -26,7 +26,7 @@
 //! Figures are printed (and written as JSON with `--json`), never asserted. Everything started is
 //! stopped and removed again, also when a step fails.
 
-mod cluster;
+pub(crate) mod cluster;
 mod pods;
 mod report;
 
