@@ -22,6 +22,8 @@ use crate::pod_info::PodInfo;
 
 /// Below this many nodes to look at, filtering runs on the calling thread.
 const PARALLEL_THRESHOLD: usize = 256;
+/// Nodes looked at per step of the search.
+const SEARCH_CHUNK: usize = 1024;
 /// Kubernetes' `minFeasibleNodesToFind` and `minFeasibleNodesPercentageToFind`.
 const MIN_FEASIBLE_NODES: usize = 100;
 const MIN_FEASIBLE_PERCENTAGE: usize = 5;
@@ -85,7 +87,7 @@ pub fn num_feasible_nodes_to_find(num_all_nodes: usize, percentage: u32) -> usiz
 
 /// The per-pod state of the plugins that look across nodes, prepared once per decision.
 struct Prepared<'a> {
-    class: Option<(&'a str, &'a str)>,
+    class: Option<runtime_class::Wanted<'a>>,
     affinity: Option<inter_pod_affinity::Filter>,
     spread: Option<pod_topology_spread::Filter>,
 }
@@ -143,7 +145,11 @@ impl Algorithm {
     ) -> Result<Placement, Failure> {
         let class = match &pod.runtime_class {
             Some(class) => match handlers.get(class) {
-                Some(handler) => Some((class.as_str(), handler.as_str())),
+                Some(handler) => Some(runtime_class::Wanted {
+                    class: class.as_str(),
+                    handler: handler.as_str(),
+                    bit: snapshot.handler_bits.get(handler).copied(),
+                }),
                 None => return Err(Failure::RuntimeClassNotFound(class.clone())),
             },
             None => None,
@@ -177,26 +183,33 @@ impl Algorithm {
                 Err(rejection) => Verdict::Rejected(rejection),
             }
         };
-        let verdicts: Vec<Verdict> = if all < PARALLEL_THRESHOLD {
-            (0..all).map(check).collect()
-        } else {
-            (0..all).into_par_iter().with_min_len(PARALLEL_THRESHOLD / 2).map(check).collect()
-        };
+        // Chunks in order: a search that has found enough stops after the chunk it is in,
+        // instead of going past every node of a large cluster.
         let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(to_find.min(all));
         let mut error = FitError { num_all_nodes: all, ..Default::default() };
         let mut processed = 0;
-        for (i, verdict) in verdicts.into_iter().enumerate() {
-            match verdict {
-                Verdict::Skipped => {}
-                Verdict::Feasible => {
-                    processed += 1;
-                    feasible.push(&nodes[(start + i) % all]);
-                }
-                Verdict::Rejected(rejection) => {
-                    processed += 1;
-                    error.record(rejection);
+        let mut offset = 0;
+        while offset < all && feasible.len() < to_find {
+            let end = (offset + SEARCH_CHUNK).min(all);
+            let verdicts: Vec<Verdict> = if end - offset < PARALLEL_THRESHOLD {
+                (offset..end).map(check).collect()
+            } else {
+                (offset..end).into_par_iter().with_min_len(PARALLEL_THRESHOLD / 2).map(check).collect()
+            };
+            for (i, verdict) in (offset..end).zip(verdicts) {
+                match verdict {
+                    Verdict::Skipped => {}
+                    Verdict::Feasible => {
+                        processed += 1;
+                        feasible.push(&nodes[(start + i) % all]);
+                    }
+                    Verdict::Rejected(rejection) => {
+                        processed += 1;
+                        error.record(rejection);
+                    }
                 }
             }
+            offset = end;
         }
         self.next_start = (start + processed) % all;
         if feasible.is_empty() {
@@ -335,6 +348,23 @@ mod tests {
             "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't support RuntimeClass \"gvisor\"."
         );
         assert_eq!(err.plugins(), vec![runtime_class::NAME, node_resources::NAME]);
+    }
+
+    #[test]
+    fn a_handler_no_node_reports_fits_only_nodes_that_report_none_at_all() {
+        let mut cache = Cache::new();
+        cache.set_node(node("listed", 4000, Some(&["runc"])));
+        cache.set_node(node("silent", 4000, None));
+        let p = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"runtimeClassName": "gvisor", "containers": []}}));
+        let mut algo = Algorithm::default();
+        for _ in 0..5 {
+            assert_eq!(algo.schedule(&p, &cache.snapshot(), &classes()).unwrap().node, "silent");
+        }
+        // Once a node reports the handler, it gets a bit and the mask decides.
+        cache.set_node(node("listed", 4000, Some(&["runc", "runsc"])));
+        cache.remove_node("silent");
+        assert!(cache.snapshot().handler_bits.contains_key("runsc"));
+        assert_eq!(algo.schedule(&p, &cache.snapshot(), &classes()).unwrap().node, "listed");
     }
 
     #[test]

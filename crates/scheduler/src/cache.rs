@@ -35,6 +35,8 @@ pub struct Cache {
     waiting: HashMap<String, Vec<String>>,
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     image_nodes: HashMap<String, usize>,
+    /// Handler name → its bit; handlers are numbered as nodes first report them (64 at most).
+    handler_bits: HashMap<String, u64>,
 }
 
 impl Cache {
@@ -43,7 +45,12 @@ impl Cache {
     }
 
     pub fn snapshot(&self) -> Snapshot<'_> {
-        Snapshot { nodes: &self.nodes, namespace_labels: &self.namespace_labels, image_nodes: &self.image_nodes }
+        Snapshot {
+            nodes: &self.nodes,
+            namespace_labels: &self.namespace_labels,
+            image_nodes: &self.image_nodes,
+            handler_bits: &self.handler_bits,
+        }
     }
 
     pub fn node_count(&self) -> usize {
@@ -62,8 +69,24 @@ impl Cache {
         self.nodes.iter().map(|n| n.name())
     }
 
+    /// The bits of a node's handlers; `None` for every handler, or when one has no bit.
+    fn handler_mask(&mut self, spec: &NodeSpec) -> Option<u64> {
+        let mut mask = 0u64;
+        for handler in spec.runtime_handlers.as_ref()? {
+            let next = self.handler_bits.len();
+            let bit = match self.handler_bits.get(handler) {
+                Some(bit) => *bit,
+                None if next < 64 => *self.handler_bits.entry(handler.clone()).or_insert(1 << next),
+                None => return None,
+            };
+            mask |= bit;
+        }
+        Some(mask)
+    }
+
     /// Adds a node or updates one; returns whether anything the plugins read changed.
     pub fn set_node(&mut self, spec: NodeSpec) -> bool {
+        let mask = self.handler_mask(&spec);
         if let Some(&i) = self.index.get(&spec.name) {
             if self.nodes[i].node == spec {
                 return false;
@@ -71,11 +94,13 @@ impl Cache {
             self.count_images(&self.nodes[i].node.images.keys().cloned().collect::<Vec<_>>(), false);
             self.count_images(&spec.images.keys().cloned().collect::<Vec<_>>(), true);
             self.nodes[i].node = spec;
+            self.nodes[i].handler_mask = mask;
             return true;
         }
         self.count_images(&spec.images.keys().cloned().collect::<Vec<_>>(), true);
         let name = spec.name.clone();
         let mut info = NodeInfo::new(spec);
+        info.handler_mask = mask;
         for uid in self.waiting.remove(&name).unwrap_or_default() {
             if let Some(state) = self.pods.get(&uid) {
                 info.add_pod(state.pod.clone());

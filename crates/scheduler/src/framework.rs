@@ -18,6 +18,9 @@ pub struct Snapshot<'a> {
     pub namespace_labels: &'a HashMap<String, BTreeMap<String, String>>,
     /// How many nodes hold each image, for image locality.
     pub image_nodes: &'a HashMap<String, usize>,
+    /// A bit for each handler some node reports (the first 64), so the RuntimeClass filter
+    /// tests a node with one AND instead of a string lookup.
+    pub handler_bits: &'a HashMap<String, u64>,
 }
 
 /// Why one node cannot take the pod: the plugin that said no and its reasons, in the words

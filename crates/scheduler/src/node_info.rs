@@ -71,6 +71,10 @@ pub struct NodeInfo {
     /// lets inter-pod affinity skip nodes that have none.
     pub pods_with_affinity: usize,
     pub pods_with_required_anti_affinity: usize,
+    /// The node's handlers as bits of the cache's handler numbering (see
+    /// [`crate::framework::Snapshot::handler_bits`]); `None` when it reports none at all (every
+    /// handler) or names one that has no bit.
+    pub handler_mask: Option<u64>,
 }
 
 impl NodeInfo {

@@ -1,16 +1,20 @@
 //! The shell around the pure core: watches pods, nodes, RuntimeClasses and namespaces through
-//! the Kubernetes API into the cache and the queue, runs decisions on a thread of its own, binds
-//! through `pods/binding` concurrently, and reports failures as Kubernetes does (a
-//! `PodScheduled=False` condition and a `FailedScheduling` event).
+//! the Kubernetes API, runs decisions on a thread of its own, binds through `pods/binding`
+//! concurrently, and reports failures as Kubernetes does (a `PodScheduled=False` condition and a
+//! `FailedScheduling` event).
 //!
-//! Decisions wait for the first full list of pods, nodes and RuntimeClasses, so a new scheduler
-//! (say, after taking over the lease) never places a pod on a node whose pods it has not seen.
-//! [`run`] holds every task it starts: dropping its future stops them all, and the decision
-//! thread with them.
+//! The decision thread owns the cache and the queue outright: watches and binding results reach
+//! it as [`Change`] messages, which it applies between two decisions, so neither side ever waits
+//! for the other (parsing objects happens on the async side, in parallel with decisions).
+//! Decisions wait for the first full list of pods, nodes, RuntimeClasses and namespaces, so a
+//! new scheduler (say, after taking over the lease) never places a pod on a node whose pods it
+//! has not seen. [`run`] holds every task it starts: dropping its future stops them all, and the
+//! decision thread with them.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use berth_events::{PodEvent, Recorder, Source, Type};
@@ -65,6 +69,42 @@ pub enum Error {
     Thread(#[source] std::io::Error),
 }
 
+/// The kinds the scheduler lists and watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Pods,
+    Nodes,
+    Classes,
+    Namespaces,
+}
+
+/// What the async side tells the decision thread.
+enum Change {
+    Pod(Box<PodInfo>),
+    PodGone(String),
+    Node(Box<NodeSpec>),
+    NodeGone(String),
+    Class {
+        name: String,
+        handler: String,
+    },
+    ClassGone(String),
+    Namespace {
+        name: String,
+        labels: std::collections::BTreeMap<String, String>,
+    },
+    NamespaceGone(String),
+    /// A full list of a kind came in, with the keys it held (UIDs of pods, names of the rest):
+    /// whatever the thread holds beyond them vanished while the watch was down.
+    Listed(Kind, HashSet<String>),
+    /// The binding of this pod was written.
+    Bound(String),
+    /// The binding was refused because the pod is gone or bound elsewhere.
+    BindRefused(String),
+    /// The binding failed otherwise: try again after back-off.
+    BindFailed(String),
+}
+
 /// Which kinds have been listed in full at least once.
 #[derive(Default)]
 struct Synced {
@@ -80,6 +120,7 @@ impl Synced {
     }
 }
 
+/// Everything the decision thread owns.
 struct Core {
     cache: Cache,
     queue: SchedulingQueue,
@@ -87,26 +128,100 @@ struct Core {
     handlers: HashMap<String, String>,
     algorithm: Algorithm,
     synced: Synced,
-    next_expiry: Instant,
+    scheduler_name: String,
 }
 
-struct Shared {
-    core: Mutex<Core>,
-    wake: Condvar,
-    stop: AtomicBool,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Core> {
-        // A panic while holding the lock leaves a consistent enough core to go on.
-        self.core.lock().unwrap_or_else(|e| e.into_inner())
+impl Core {
+    fn apply(&mut self, change: Change, now: Instant) {
+        match change {
+            Change::Pod(pod) => self.on_pod(*pod, now),
+            Change::PodGone(uid) => self.on_pod_gone(&uid, now),
+            Change::Node(spec) => {
+                if self.cache.set_node(*spec) {
+                    self.queue.on_event(ClusterEvent::NodeChanged, now);
+                }
+            }
+            Change::NodeGone(name) => {
+                self.cache.remove_node(&name);
+            }
+            Change::Class { name, handler } => {
+                if self.handlers.get(&name) != Some(&handler) {
+                    self.handlers.insert(name, handler);
+                    self.queue.on_event(ClusterEvent::RuntimeClassChanged, now);
+                }
+            }
+            Change::ClassGone(name) => {
+                self.handlers.remove(&name);
+            }
+            Change::Namespace { name, labels } => {
+                if self.cache.set_namespace(&name, labels) {
+                    self.queue.on_event(ClusterEvent::NamespaceChanged, now);
+                }
+            }
+            Change::NamespaceGone(name) => self.cache.remove_namespace(&name),
+            Change::Listed(kind, seen) => self.listed(kind, &seen, now),
+            Change::Bound(uid) => {
+                self.cache.finish_binding(&uid, now);
+                self.queue.done(&uid);
+            }
+            Change::BindRefused(uid) => {
+                self.cache.forget(&uid);
+                self.queue.delete(&uid);
+            }
+            Change::BindFailed(uid) => {
+                self.cache.forget(&uid);
+                self.queue.error(&uid, now);
+            }
+        }
     }
 
-    /// Changes the core and wakes the decision thread.
-    fn update<T>(&self, f: impl FnOnce(&mut Core, Instant) -> T) -> T {
-        let out = f(&mut self.lock(), Instant::now());
-        self.wake.notify_one();
-        out
+    fn listed(&mut self, kind: Kind, seen: &HashSet<String>, now: Instant) {
+        match kind {
+            Kind::Pods => {
+                let known: Vec<String> = self.cache.confirmed_pods().into_iter().chain(self.queue.uids()).collect();
+                for uid in known.iter().filter(|u| !seen.contains(*u)) {
+                    self.on_pod_gone(uid, now);
+                }
+                self.synced.pods = true;
+            }
+            Kind::Nodes => {
+                let gone: Vec<String> =
+                    self.cache.node_names().filter(|n| !seen.contains(*n)).map(String::from).collect();
+                for name in gone {
+                    self.cache.remove_node(&name);
+                }
+                self.synced.nodes = true;
+            }
+            Kind::Classes => {
+                self.handlers.retain(|name, _| seen.contains(name));
+                self.synced.classes = true;
+            }
+            Kind::Namespaces => self.synced.namespaces = true,
+        }
+    }
+
+    fn on_pod(&mut self, pod: PodInfo, now: Instant) {
+        if !pod.node_name.is_empty() {
+            self.queue.delete(&pod.uid);
+            if pod.finished {
+                self.on_pod_gone(&pod.uid, now);
+            } else if self.cache.add_pod(pod) {
+                self.queue.on_event(ClusterEvent::AssignedPodAdded, now);
+            }
+        } else if self.cache.is_assumed(&pod.uid) {
+            // Our binding is on its way; this is the pod as it was before.
+        } else if pod.scheduler_name == self.scheduler_name && !pod.terminating && !pod.finished {
+            self.queue.add(Arc::new(pod), now);
+        } else {
+            self.queue.delete(&pod.uid);
+        }
+    }
+
+    fn on_pod_gone(&mut self, uid: &str, now: Instant) {
+        self.queue.delete(uid);
+        if self.cache.remove_pod(uid) {
+            self.queue.on_event(ClusterEvent::AssignedPodDeleted, now);
+        }
     }
 }
 
@@ -117,12 +232,11 @@ enum Outcome {
 }
 
 /// Stops the decision thread when the future of [`run`] is dropped.
-struct StopOnDrop(Arc<Shared>);
+struct StopOnDrop(Arc<AtomicBool>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.0.stop.store(true, Ordering::SeqCst);
-        self.0.wake.notify_all();
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
@@ -130,36 +244,33 @@ impl Drop for StopOnDrop {
 pub async fn run(client: kube::Client, config: Config, metrics: Metrics) -> Result<(), Error> {
     let mut algorithm = Algorithm::default();
     algorithm.percentage_of_nodes_to_score = config.percentage_of_nodes_to_score;
-    let shared = Arc::new(Shared {
-        core: Mutex::new(Core {
-            cache: Cache::new(),
-            queue: SchedulingQueue::new(),
-            handlers: HashMap::new(),
-            algorithm,
-            synced: Synced::default(),
-            next_expiry: Instant::now(),
-        }),
-        wake: Condvar::new(),
-        stop: AtomicBool::new(false),
-    });
-    let _stop = StopOnDrop(shared.clone());
+    let core = Core {
+        cache: Cache::new(),
+        queue: SchedulingQueue::new(),
+        handlers: HashMap::new(),
+        algorithm,
+        synced: Synced::default(),
+        scheduler_name: config.scheduler_name.clone(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop = StopOnDrop(stop.clone());
     let recorder =
         Recorder::spawn(client.clone(), Source { component: config.scheduler_name.clone(), host: None }, EVENT_QUEUE);
     let (outcomes_tx, outcomes_rx) = mpsc::unbounded_channel();
+    let (changes_tx, changes_rx) = std_mpsc::channel();
 
-    let thread_shared = shared.clone();
     let thread_metrics = metrics.clone();
     std::thread::Builder::new()
         .name("berth-scheduler".into())
-        .spawn(move || decide(&thread_shared, &thread_metrics, &outcomes_tx))
+        .spawn(move || decide(core, &changes_rx, &stop, &thread_metrics, &outcomes_tx))
         .map_err(Error::Thread)?;
 
     let mut tasks = JoinSet::new();
-    tasks.spawn(watch_pods(client.clone(), shared.clone(), config.scheduler_name.clone()));
-    tasks.spawn(watch_nodes(client.clone(), shared.clone()));
-    tasks.spawn(watch_runtime_classes(client.clone(), shared.clone()));
-    tasks.spawn(watch_namespaces(client.clone(), shared.clone()));
-    tasks.spawn(act(client, shared, metrics, recorder, outcomes_rx));
+    tasks.spawn(watch_pods(client.clone(), changes_tx.clone()));
+    tasks.spawn(watch_nodes(client.clone(), changes_tx.clone()));
+    tasks.spawn(watch_runtime_classes(client.clone(), changes_tx.clone()));
+    tasks.spawn(watch_namespaces(client.clone(), changes_tx.clone()));
+    tasks.spawn(act(client, changes_tx, metrics, recorder, outcomes_rx));
     tracing::info!(scheduler = %config.scheduler_name, "scheduling");
     while let Some(done) = tasks.join_next().await {
         match done {
@@ -172,34 +283,56 @@ pub async fn run(client: kube::Client, config: Config, metrics: Metrics) -> Resu
     Ok(())
 }
 
-/// The decision thread: pops pods and decides for each, while the cache is locked.
-fn decide(shared: &Shared, metrics: &Metrics, outcomes: &mpsc::UnboundedSender<Outcome>) {
-    let mut core = shared.lock();
+/// The decision thread: applies what changed, then pops a pod and decides for it; sleeps on the
+/// channel when there is nothing to do. Ends when `stop` is set or every sender is gone.
+fn decide(
+    mut core: Core,
+    changes: &std_mpsc::Receiver<Change>,
+    stop: &AtomicBool,
+    metrics: &Metrics,
+    outcomes: &mpsc::UnboundedSender<Outcome>,
+) {
+    let mut next_expiry = Instant::now();
     let mut next_gauges = Instant::now();
-    while !shared.stop.load(Ordering::SeqCst) {
+    while !stop.load(Ordering::SeqCst) {
         let now = Instant::now();
-        if !core.synced.all() {
-            core = shared.wake.wait_timeout(core, IDLE_WAIT).unwrap_or_else(|e| e.into_inner()).0;
-            continue;
-        }
-        core.queue.flush(now);
-        if now >= core.next_expiry {
-            for uid in core.cache.expire(now) {
-                tracing::warn!(%uid, "binding not confirmed in time; the pod's place is free again");
+        loop {
+            match changes.try_recv() {
+                Ok(change) => core.apply(change, now),
+                Err(std_mpsc::TryRecvError::Empty) => break,
+                Err(std_mpsc::TryRecvError::Disconnected) => return,
             }
-            core.next_expiry = now + Duration::from_secs(1);
         }
-        if now >= next_gauges {
-            metrics.pending(core.queue.counts());
-            next_gauges = now + Duration::from_secs(1);
-        }
-        let Some(queued) = core.queue.pop(now) else {
-            let wait = core.queue.next_wakeup().map_or(IDLE_WAIT, |t| t.saturating_duration_since(now)).min(IDLE_WAIT);
-            core = shared.wake.wait_timeout(core, wait).unwrap_or_else(|e| e.into_inner()).0;
+        let queued = if core.synced.all() {
+            core.queue.flush(now);
+            if now >= next_expiry {
+                for uid in core.cache.expire(now) {
+                    tracing::warn!(%uid, "binding not confirmed in time; the pod's place is free again");
+                }
+                next_expiry = now + Duration::from_secs(1);
+            }
+            if now >= next_gauges {
+                metrics.pending(core.queue.counts());
+                next_gauges = now + Duration::from_secs(1);
+            }
+            core.queue.pop(now)
+        } else {
+            None
+        };
+        let Some(queued) = queued else {
+            let wait = match core.synced.all() {
+                true => core.queue.next_wakeup().map_or(IDLE_WAIT, |t| t.saturating_duration_since(now)),
+                false => IDLE_WAIT,
+            };
+            match changes.recv_timeout(wait.min(IDLE_WAIT)) {
+                Ok(change) => core.apply(change, Instant::now()),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+            }
             continue;
         };
         let started = std::time::Instant::now();
-        let Core { cache, queue, handlers, algorithm, .. } = &mut *core;
+        let Core { cache, queue, handlers, algorithm, .. } = &mut core;
         match algorithm.schedule(&queued.pod, &cache.snapshot(), handlers) {
             Ok(placement) => {
                 metrics.attempt(AttemptResult::Scheduled, started.elapsed());
@@ -226,7 +359,7 @@ fn decide(shared: &Shared, metrics: &Metrics, outcomes: &mpsc::UnboundedSender<O
 /// The async side of decisions: writes bindings, conditions and events.
 async fn act(
     client: kube::Client,
-    shared: Arc<Shared>,
+    changes: std_mpsc::Sender<Change>,
     metrics: Metrics,
     recorder: Recorder,
     mut outcomes: mpsc::UnboundedReceiver<Outcome>,
@@ -238,10 +371,11 @@ async fn act(
         match outcome {
             Outcome::Bind { queued, node } => {
                 let permit = binds.clone().acquire_owned().await.expect("the semaphore is never closed");
-                let (client, shared, metrics, recorder) =
-                    (client.clone(), shared.clone(), metrics.clone(), recorder.clone());
+                let (client, changes, metrics, recorder) =
+                    (client.clone(), changes.clone(), metrics.clone(), recorder.clone());
                 running.spawn(async move {
-                    bind(&client, &shared, &metrics, &recorder, queued, &node).await;
+                    let change = bind(&client, &metrics, &recorder, &queued, &node).await;
+                    let _ = changes.send(change);
                     drop(permit);
                 });
             }
@@ -269,14 +403,8 @@ fn event(pod: &PodInfo, type_: Type, reason: &str, message: &str) -> PodEvent {
     }
 }
 
-async fn bind(
-    client: &kube::Client,
-    shared: &Shared,
-    metrics: &Metrics,
-    recorder: &Recorder,
-    queued: QueuedPod,
-    node: &str,
-) {
+/// Writes the binding; returns what the decision thread should make of the result.
+async fn bind(client: &kube::Client, metrics: &Metrics, recorder: &Recorder, queued: &QueuedPod, node: &str) -> Change {
     let pod = &queued.pod;
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
     let binding = Binding {
@@ -298,32 +426,23 @@ async fn bind(
         .await;
     match result {
         Ok(_) => {
-            shared.update(|core, now| {
-                core.cache.finish_binding(&pod.uid, now);
-                core.queue.done(&pod.uid);
-            });
             if let Some(first) = queued.initial_attempt {
                 metrics.bound(first.elapsed());
             }
             let message = format!("Successfully assigned {} to {node}", pod.key());
             recorder.emit(event(pod, Type::Normal, "Scheduled", &message));
+            Change::Bound(pod.uid.clone())
         }
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
             // Gone, being deleted, or bound by someone else: the watch says what became of it.
             tracing::debug!(pod = %pod.key(), %node, reason = %status.message, "binding refused");
-            shared.update(|core, _| {
-                core.cache.forget(&pod.uid);
-                core.queue.delete(&pod.uid);
-            });
+            Change::BindRefused(pod.uid.clone())
         }
         Err(e) => {
             metrics.attempt(AttemptResult::Error, std::time::Duration::ZERO);
             tracing::warn!(pod = %pod.key(), %node, error = %e, "binding failed; retrying after back-off");
-            shared.update(|core, now| {
-                core.cache.forget(&pod.uid);
-                core.queue.error(&pod.uid, now);
-            });
             recorder.emit(event(pod, Type::Warning, "FailedScheduling", &format!("Binding rejected: {e}")));
+            Change::BindFailed(pod.uid.clone())
         }
     }
 }
@@ -344,188 +463,98 @@ async fn report_unschedulable(client: &kube::Client, pod: &PodInfo, message: &st
     }
 }
 
-/// Drives a watcher, calling `apply` for each object and `relisted` with the keys of a
-/// complete list (to drop what vanished while the watch was down).
-async fn watch<K, A, R>(api: Api<K>, what: &'static str, mut apply: A, mut relisted: R) -> Result<(), Error>
+/// Drives a watcher of `K`, turning each event into a [`Change`] for the decision thread, and
+/// each complete list into [`Change::Listed`] with the keys it held.
+async fn watch<K>(
+    api: Api<K>,
+    kind: Kind,
+    changes: std_mpsc::Sender<Change>,
+    key: impl Fn(&K) -> String,
+    applied: impl Fn(K) -> Change,
+    deleted: impl Fn(K) -> Change,
+) -> Result<(), Error>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    A: FnMut(Event<K>),
-    R: FnMut(HashSet<String>),
 {
+    let what = match kind {
+        Kind::Pods => "pods",
+        Kind::Nodes => "nodes",
+        Kind::Classes => "runtimeclasses",
+        Kind::Namespaces => "namespaces",
+    };
     let mut listing: Option<HashSet<String>> = None;
     let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     while let Some(event) = stream.try_next().await.map_err(|source| Error::Watch { what, source })? {
-        match &event {
-            Event::Init => listing = Some(HashSet::new()),
-            Event::InitApply(obj) => {
-                if let (Some(seen), Some(uid)) = (listing.as_mut(), obj.meta().uid.clone()) {
-                    seen.insert(uid);
-                }
+        let change = match event {
+            Event::Init => {
+                listing = Some(HashSet::new());
+                continue;
             }
-            Event::InitDone => relisted(listing.take().unwrap_or_default()),
-            _ => {}
+            Event::InitApply(obj) => {
+                if let Some(seen) = listing.as_mut() {
+                    seen.insert(key(&obj));
+                }
+                applied(obj)
+            }
+            Event::InitDone => Change::Listed(kind, listing.take().unwrap_or_default()),
+            Event::Apply(obj) => applied(obj),
+            Event::Delete(obj) => deleted(obj),
+        };
+        if changes.send(change).is_err() {
+            // The decision thread has stopped.
+            return Ok(());
         }
-        apply(event);
     }
     Ok(())
 }
 
-async fn watch_pods(client: kube::Client, shared: Arc<Shared>, scheduler_name: String) -> Result<(), Error> {
-    let apply_shared = shared.clone();
+async fn watch_pods(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
     watch(
         Api::<Pod>::all(client),
-        "pods",
-        move |event| match event {
-            Event::Apply(pod) | Event::InitApply(pod) => {
-                apply_shared.update(|core, now| on_pod(core, PodInfo::from_pod(&pod), &scheduler_name, now))
-            }
-            Event::Delete(pod) => {
-                let uid = pod.metadata.uid.unwrap_or_default();
-                apply_shared.update(|core, now| on_pod_gone(core, &uid, now))
-            }
-            Event::Init => {}
-            Event::InitDone => apply_shared.update(|core, _| core.synced.pods = true),
-        },
-        |seen| {
-            shared.update(|core, now| {
-                let known = core.cache.confirmed_pods().into_iter().chain(core.queue.uids());
-                for uid in known.filter(|u| !seen.contains(u)).collect::<Vec<_>>() {
-                    on_pod_gone(core, &uid, now);
-                }
-            })
-        },
+        Kind::Pods,
+        changes,
+        |pod| pod.metadata.uid.clone().unwrap_or_default(),
+        |pod| Change::Pod(Box::new(PodInfo::from_pod(&pod))),
+        |pod| Change::PodGone(pod.metadata.uid.unwrap_or_default()),
     )
     .await
 }
 
-fn on_pod(core: &mut Core, pod: PodInfo, scheduler_name: &str, now: Instant) {
-    if !pod.node_name.is_empty() {
-        core.queue.delete(&pod.uid);
-        if pod.finished {
-            on_pod_gone(core, &pod.uid, now);
-        } else if core.cache.add_pod(pod) {
-            core.queue.on_event(ClusterEvent::AssignedPodAdded, now);
-        }
-    } else if core.cache.is_assumed(&pod.uid) {
-        // Our binding is on its way; this is the pod as it was before.
-    } else if pod.scheduler_name == scheduler_name && !pod.terminating && !pod.finished {
-        core.queue.add(Arc::new(pod), now);
-    } else {
-        core.queue.delete(&pod.uid);
-    }
-}
-
-fn on_pod_gone(core: &mut Core, uid: &str, now: Instant) {
-    core.queue.delete(uid);
-    if core.cache.remove_pod(uid) {
-        core.queue.on_event(ClusterEvent::AssignedPodDeleted, now);
-    }
-}
-
-async fn watch_nodes(client: kube::Client, shared: Arc<Shared>) -> Result<(), Error> {
-    let apply_shared = shared.clone();
-    // Nodes are keyed by name in the cache; the relist compares names.
-    let names = Arc::new(Mutex::new(HashMap::<String, String>::new()));
-    let names_for_relist = names.clone();
+async fn watch_nodes(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
     watch(
         Api::<Node>::all(client),
-        "nodes",
-        move |event| match event {
-            Event::Apply(node) | Event::InitApply(node) => {
-                let spec = NodeSpec::from_node(&node);
-                if let Some(uid) = node.metadata.uid.clone() {
-                    names.lock().unwrap_or_else(|e| e.into_inner()).insert(uid, spec.name.clone());
-                }
-                apply_shared.update(|core, now| {
-                    if core.cache.set_node(spec) {
-                        core.queue.on_event(ClusterEvent::NodeChanged, now);
-                    }
-                })
-            }
-            Event::Delete(node) => {
-                let name = node.metadata.name.unwrap_or_default();
-                if let Some(uid) = node.metadata.uid {
-                    names.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
-                }
-                apply_shared.update(|core, _| core.cache.remove_node(&name));
-            }
-            Event::Init => {}
-            Event::InitDone => apply_shared.update(|core, _| core.synced.nodes = true),
-        },
-        |seen| {
-            let mut names = names_for_relist.lock().unwrap_or_else(|e| e.into_inner());
-            let keep: HashSet<String> = seen.iter().filter_map(|uid| names.get(uid).cloned()).collect();
-            names.retain(|uid, _| seen.contains(uid));
-            shared.update(|core, _| {
-                let gone: Vec<String> =
-                    core.cache.node_names().filter(|n| !keep.contains(*n)).map(String::from).collect();
-                for name in gone {
-                    core.cache.remove_node(&name);
-                }
-            })
-        },
+        Kind::Nodes,
+        changes,
+        |node| node.metadata.name.clone().unwrap_or_default(),
+        |node| Change::Node(Box::new(NodeSpec::from_node(&node))),
+        |node| Change::NodeGone(node.metadata.name.unwrap_or_default()),
     )
     .await
 }
 
-async fn watch_runtime_classes(client: kube::Client, shared: Arc<Shared>) -> Result<(), Error> {
-    let apply_shared = shared.clone();
-    let names = Arc::new(Mutex::new(HashMap::<String, String>::new()));
-    let names_for_relist = names.clone();
+async fn watch_runtime_classes(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
     watch(
         Api::<RuntimeClass>::all(client),
-        "runtimeclasses",
-        move |event| match event {
-            Event::Apply(class) | Event::InitApply(class) => {
-                let name = class.metadata.name.clone().unwrap_or_default();
-                if let Some(uid) = class.metadata.uid.clone() {
-                    names.lock().unwrap_or_else(|e| e.into_inner()).insert(uid, name.clone());
-                }
-                apply_shared.update(|core, now| {
-                    if core.handlers.insert(name, class.handler.clone()).as_ref() != Some(&class.handler) {
-                        core.queue.on_event(ClusterEvent::RuntimeClassChanged, now);
-                    }
-                })
-            }
-            Event::Delete(class) => {
-                let name = class.metadata.name.unwrap_or_default();
-                apply_shared.update(|core, _| core.handlers.remove(&name));
-            }
-            Event::Init => {}
-            Event::InitDone => apply_shared.update(|core, _| core.synced.classes = true),
-        },
-        |seen| {
-            let names = names_for_relist.lock().unwrap_or_else(|e| e.into_inner());
-            let keep: HashSet<&String> = seen.iter().filter_map(|uid| names.get(uid)).collect();
-            shared.update(|core, _| core.handlers.retain(|name, _| keep.contains(name)));
-        },
+        Kind::Classes,
+        changes,
+        |class| class.metadata.name.clone().unwrap_or_default(),
+        |class| Change::Class { name: class.metadata.name.unwrap_or_default(), handler: class.handler },
+        |class| Change::ClassGone(class.metadata.name.unwrap_or_default()),
     )
     .await
 }
 
-async fn watch_namespaces(client: kube::Client, shared: Arc<Shared>) -> Result<(), Error> {
-    let apply_shared = shared.clone();
+async fn watch_namespaces(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
     watch(
         Api::<Namespace>::all(client),
-        "namespaces",
-        move |event| match event {
-            Event::Apply(ns) | Event::InitApply(ns) => {
-                let name = ns.metadata.name.clone().unwrap_or_default();
-                let labels = ns.metadata.labels.clone().unwrap_or_default();
-                apply_shared.update(|core, now| {
-                    if core.cache.set_namespace(&name, labels) {
-                        core.queue.on_event(ClusterEvent::NamespaceChanged, now);
-                    }
-                })
-            }
-            Event::Delete(ns) => {
-                let name = ns.metadata.name.unwrap_or_default();
-                apply_shared.update(|core, _| core.cache.remove_namespace(&name));
-            }
-            Event::Init => {}
-            Event::InitDone => apply_shared.update(|core, _| core.synced.namespaces = true),
+        Kind::Namespaces,
+        changes,
+        |ns| ns.metadata.name.clone().unwrap_or_default(),
+        |ns| Change::Namespace {
+            name: ns.metadata.name.unwrap_or_default(),
+            labels: ns.metadata.labels.unwrap_or_default(),
         },
-        |_| {},
+        |ns| Change::NamespaceGone(ns.metadata.name.unwrap_or_default()),
     )
     .await
 }

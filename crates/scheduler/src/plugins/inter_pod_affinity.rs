@@ -286,6 +286,7 @@ mod tests {
         nodes: Vec<NodeInfo>,
         namespaces: HashMap<String, BTreeMap<String, String>>,
         images: HashMap<String, usize>,
+        handler_bits: HashMap<String, u64>,
     }
 
     impl Cluster {
@@ -294,7 +295,12 @@ mod tests {
         }
 
         fn snapshot(&self) -> Snapshot<'_> {
-            Snapshot { nodes: &self.nodes, namespace_labels: &self.namespaces, image_nodes: &self.images }
+            Snapshot {
+                nodes: &self.nodes,
+                namespace_labels: &self.namespaces,
+                image_nodes: &self.images,
+                handler_bits: &self.handler_bits,
+            }
         }
 
         fn bind(&mut self, node: &str, pod: PodInfo) {

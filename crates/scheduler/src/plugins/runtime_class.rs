@@ -17,11 +17,22 @@ pub fn not_found_message(class: &str) -> String {
     format!("RuntimeClass \"{class}\" not found")
 }
 
-/// `class` and `handler` are the pod's RuntimeClass and the handler it names; pods without a
-/// class run on the default handler, which every node has.
-pub fn filter(class_and_handler: Option<(&str, &str)>, node: &NodeInfo) -> FilterResult {
-    match class_and_handler {
-        Some((class, handler)) if !node.node.supports_handler(handler) => Err(Rejection::new(NAME, reason(class))),
-        _ => Ok(()),
-    }
+/// The pod's class, the handler it names and that handler's bit in the snapshot's numbering
+/// (`None` when no node reports it, or it has none).
+#[derive(Clone, Copy, Debug)]
+pub struct Wanted<'a> {
+    pub class: &'a str,
+    pub handler: &'a str,
+    pub bit: Option<u64>,
+}
+
+/// Pods without a class (`None`) run on the default handler, which every node has.
+pub fn filter(wanted: Option<Wanted>, node: &NodeInfo) -> FilterResult {
+    let Some(w) = wanted else { return Ok(()) };
+    let supported = match (node.handler_mask, w.bit) {
+        (Some(mask), Some(bit)) => mask & bit != 0,
+        // No bits to compare: the node's own list decides.
+        _ => node.node.supports_handler(w.handler),
+    };
+    if supported { Ok(()) } else { Err(Rejection::new(NAME, reason(w.class))) }
 }
