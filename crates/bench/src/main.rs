@@ -3,6 +3,7 @@
 
 mod agent;
 mod api;
+mod controllers;
 mod cri;
 mod etcd_server;
 mod image;
@@ -45,6 +46,9 @@ enum Command {
     /// Pods scheduled per second on thousands of nodes, next to the raw binding-write rate, and
     /// the scheduler's memory.
     Scheduler(scheduler::SchedulerArgs),
+    /// A Deployment's pods created and bound per second on Node objects without agents, next to
+    /// the raw API create rate.
+    Controllers(controllers::ControllersArgs),
 }
 
 #[derive(Args)]
@@ -76,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Cri(args) => cri::run(args).await,
         Command::Agent(args) => agent::run(args).await,
         Command::Scheduler(args) => scheduler::run(args).await,
+        Command::Controllers(args) => controllers::run(args).await,
     }
 }
 

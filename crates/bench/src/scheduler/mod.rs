@@ -34,7 +34,7 @@
 //! Figures are printed (and written as JSON with `--json`), never asserted. Every process started
 //! is stopped, and the run directory removed unless `--keep-dir`.
 
-mod objects;
+pub(crate) mod objects;
 mod report;
 mod throughput;
 
@@ -589,7 +589,7 @@ impl Drop for Cluster {
 }
 
 /// Whether this `berth server` runs controllers in process (it has `--controllers`).
-fn runs_controllers(binary: &Path) -> anyhow::Result<bool> {
+pub(crate) fn runs_controllers(binary: &Path) -> anyhow::Result<bool> {
     let help = std::process::Command::new(binary).args(["server", "--help"]).output().context("berth server --help")?;
     Ok(String::from_utf8_lossy(&help.stdout).contains("--controllers"))
 }
@@ -623,7 +623,7 @@ async fn bind(api: &Api<Pod>, name: &str, node: &str) -> anyhow::Result<()> {
 /// Runs `op(client, i)` for every `i` of `range` from `workers` tasks, worker `w` taking the
 /// `w`-th, `w + workers`-th, … index (so that classes and groups interleave) and client
 /// `w % clients.len()`; returns each op's latency and the wall time of all.
-async fn in_parallel<F, Fut>(
+pub(crate) async fn in_parallel<F, Fut>(
     clients: &[kube::Client],
     workers: usize,
     range: std::ops::Range<usize>,
