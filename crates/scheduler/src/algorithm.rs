@@ -355,7 +355,9 @@ mod tests {
         let mut cache = Cache::new();
         cache.set_node(node("listed", 4000, Some(&["runc"])));
         cache.set_node(node("silent", 4000, None));
-        let p = pod(serde_json::json!({"metadata": {"name": "p"}, "spec": {"runtimeClassName": "gvisor", "containers": []}}));
+        let p = pod(
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"runtimeClassName": "gvisor", "containers": []}}),
+        );
         let mut algo = Algorithm::default();
         for _ in 0..5 {
             assert_eq!(algo.schedule(&p, &cache.snapshot(), &classes()).unwrap().node, "silent");
