@@ -33,12 +33,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::Context;
-use crate::replicaset::workloads::progress::{self, FAILED_RS_CREATE, FOUND_NEW_RS, NEW_RS_CREATED, PROGRESSING};
-use crate::replicaset::workloads::retry::Retry;
-use crate::replicaset::workloads::revision::{self, REVISION};
-use crate::replicaset::workloads::rollout::{self, RECREATE, Scaling};
-use crate::replicaset::workloads::tracker::{Reaction, Tracker, reactions};
-use crate::replicaset::workloads::{
+use crate::workloads::progress::{self, FAILED_RS_CREATE, FOUND_NEW_RS, NEW_RS_CREATED, PROGRESSING};
+use crate::workloads::retry::Retry;
+use crate::workloads::revision::{self, REVISION};
+use crate::workloads::rollout::{self, RECREATE, Scaling};
+use crate::workloads::tracker::{Reaction, Tracker, reactions};
+use crate::workloads::{
     POD_TEMPLATE_HASH_LABEL, api_message, controller_of, controller_ref, is_already_exists, is_conflict, is_not_found,
     key_of, namespace_terminating, semantically_equal,
 };
@@ -124,27 +124,15 @@ pub async fn run(ctx: Arc<Context>) {
         rx.map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))).boxed(),
     ]);
     let dc = Arc::new(Dc { ctx, rss: rs_reader, pods: pod_reader, retry: Retry::default() });
-    let mut results = applier(
+    let results = applier(
         |d, dc| CancelableJoinHandle::spawn(reconcile(d, dc), &tokio::runtime::Handle::current()),
         error_policy,
         dc,
         d_reader,
         queue,
         ControllerConfig::default(),
-    )
-    .boxed();
-    while let Some(result) = results.next().await {
-        if let Err(e) = result {
-            match e {
-                kube::runtime::controller::Error::QueueError(e) => {
-                    tracing::warn!(error = %e, "deployment controller: watch failed")
-                }
-                kube::runtime::controller::Error::ReconcilerFailed(..)
-                | kube::runtime::controller::Error::ObjectNotFound(_) => {}
-                other => tracing::warn!(error = %other, "deployment controller"),
-            }
-        }
-    }
+    );
+    crate::log_failures(results, "deployment").await
 }
 
 /// What the cached pods keep: metadata and phase are all Recreate looks at.

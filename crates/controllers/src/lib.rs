@@ -11,6 +11,7 @@ pub mod garbage_collector;
 pub mod namespace;
 pub mod node_lifecycle;
 pub mod replicaset;
+pub(crate) mod workloads;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -94,6 +95,27 @@ pub fn enabled(spec: &[String]) -> Result<BTreeSet<&'static str>, String> {
         }
     }
     Ok(on)
+}
+
+/// Drives a controller's applier to its end, logging what goes wrong outside reconciling: failed
+/// syncs are reported by each controller's error policy, and objects gone meanwhile are fine.
+pub(crate) async fn log_failures<T, R, Q>(
+    results: impl futures::Stream<Item = Result<T, kube::runtime::controller::Error<R, Q>>>,
+    controller: &str,
+) where
+    R: std::error::Error + 'static,
+    Q: std::error::Error + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::controller::Error;
+    let mut results = std::pin::pin!(results);
+    while let Some(result) = results.next().await {
+        match result {
+            Err(Error::QueueError(e)) => tracing::warn!(error = %e, controller, "watch failed"),
+            Ok(_) | Err(Error::ReconcilerFailed(..)) | Err(Error::ObjectNotFound(_)) => {}
+            Err(other) => tracing::warn!(error = %other, controller, "controller"),
+        }
+    }
 }
 
 /// Runs the `enabled` controllers until the future is dropped.

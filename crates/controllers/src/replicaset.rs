@@ -17,9 +17,6 @@
 //! takes such extra triggers or a shared reflector only behind its unstable features, so the
 //! controller drives `applier` (what `Controller::run` runs) with its own trigger streams.
 
-#[path = "workloads/mod.rs"]
-pub(crate) mod workloads;
-
 use std::sync::{Arc, Mutex};
 
 use berth_api::selector::LabelSelector;
@@ -36,11 +33,11 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::Context;
-use workloads::expectations::Expectations;
-use workloads::replicas::{self, BURST_REPLICAS};
-use workloads::retry::Retry;
-use workloads::tracker::{Reaction, Tracker, reactions};
-use workloads::{api_message, controller_of, is_not_found, key_of, namespace_terminating, pods};
+use crate::workloads::expectations::Expectations;
+use crate::workloads::replicas::{self, BURST_REPLICAS};
+use crate::workloads::retry::Retry;
+use crate::workloads::tracker::{Reaction, Tracker, reactions};
+use crate::workloads::{api_message, controller_of, is_not_found, key_of, namespace_terminating, pods};
 
 /// Why a sync of a ReplicaSet failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
@@ -120,28 +117,15 @@ pub async fn run(ctx: Arc<Context>) {
         rx.map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))).boxed(),
     ]);
     let rsc = Arc::new(Rsc { ctx, rss: rs_reader.clone(), pods: pod_reader, expectations, retry: Retry::default() });
-    let mut results = applier(
+    let results = applier(
         |rs, rsc| CancelableJoinHandle::spawn(reconcile(rs, rsc), &tokio::runtime::Handle::current()),
         error_policy,
         rsc,
         rs_reader,
         queue,
         ControllerConfig::default(),
-    )
-    .boxed();
-    while let Some(result) = results.next().await {
-        if let Err(e) = result {
-            match e {
-                kube::runtime::controller::Error::QueueError(e) => {
-                    tracing::warn!(error = %e, "replicaset controller: watch failed")
-                }
-                // Failed syncs are reported by the error policy; objects gone meanwhile are fine.
-                kube::runtime::controller::Error::ReconcilerFailed(..)
-                | kube::runtime::controller::Error::ObjectNotFound(_) => {}
-                other => tracing::warn!(error = %other, "replicaset controller"),
-            }
-        }
-    }
+    );
+    crate::log_failures(results, "replicaset").await
 }
 
 fn lock(e: &Mutex<Expectations>) -> std::sync::MutexGuard<'_, Expectations> {
@@ -285,7 +269,7 @@ impl Rsc {
         let mut first_error = None;
         if !claim.adopt.is_empty() && self.can_adopt(rs, key).await? {
             for pod in &claim.adopt {
-                let owner = workloads::controller_ref("apps/v1", "ReplicaSet", &rs.metadata);
+                let owner = crate::workloads::controller_ref("apps/v1", "ReplicaSet", &rs.metadata);
                 // The pod's UID is a precondition, as kube-controller-manager sends it.
                 let patch = json!({"metadata": {"ownerReferences": [owner], "uid": pod.metadata.uid}});
                 let name = pod.metadata.name.as_deref().unwrap_or("");
