@@ -1,5 +1,5 @@
-//! `berth-bench`: berth's API, image pulls, CRI pods, node agent and scheduler, each next to its
-//! floor or reference measured in the same run.
+//! `berth-bench`: berth's API, image pulls, CRI pods, node agent, scheduler, controllers and pod
+//! startup on a `berth up` cluster, each next to its floor or reference measured in the same run.
 
 mod agent;
 mod api;
@@ -10,6 +10,7 @@ mod image;
 mod raw_etcd;
 mod report;
 mod scheduler;
+mod startup;
 mod stats;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +50,10 @@ enum Command {
     /// A Deployment's pods created and bound per second on Node objects without agents, next to
     /// the raw API create rate.
     Controllers(controllers::ControllersArgs),
+    /// Pod startup on a `berth up` cluster per handler (one at a time, 10 at a time, a
+    /// Deployment burst), next to the raw runtime + CNI ADD floor and containerd's CRI path, and
+    /// the memory of the whole tree.
+    Startup(startup::StartupArgs),
 }
 
 #[derive(Args)]
@@ -81,6 +86,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Agent(args) => agent::run(args).await,
         Command::Scheduler(args) => scheduler::run(args).await,
         Command::Controllers(args) => controllers::run(args).await,
+        Command::Startup(args) => startup::run(args).await,
     }
 }
 

@@ -27,7 +27,7 @@
 //! stopped and removed again, also when a step fails.
 
 pub(crate) mod cluster;
-mod pods;
+pub(crate) mod pods;
 mod report;
 
 use std::path::{Path, PathBuf};

@@ -248,6 +248,13 @@ impl CriClient {
         Ok(info(&self.runtime.pod_sandbox_status(request).await?.into_inner().info))
     }
 
+    /// The ids of every sandbox and every container the runtime has.
+    pub async fn list(&mut self) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+        let pods = self.runtime.list_pod_sandbox(cri::ListPodSandboxRequest::default()).await?.into_inner().items;
+        let containers = self.runtime.list_containers(cri::ListContainersRequest::default()).await?.into_inner();
+        Ok((pods.into_iter().map(|p| p.id).collect(), containers.containers.into_iter().map(|c| c.id).collect()))
+    }
+
     /// Stops and removes every pod the runtime has (ours, from a failed or finished run), so no
     /// container, netns or address outlives the bench. Returns how many there were.
     pub async fn remove_all(&mut self) -> anyhow::Result<usize> {

@@ -53,14 +53,20 @@ pub fn sample(
     cni: &CniFloor,
     id: &str,
 ) -> anyhow::Result<(Duration, Duration)> {
+    let run = run(handler, dir, bundle, id)?;
+    let started = Instant::now();
+    cni.add_del(id)?;
+    Ok((run, started.elapsed()))
+}
+
+/// `X run` of the bundle as container `id`, timed to its exit.
+pub fn run(handler: &str, dir: &Path, bundle: &Path, id: &str) -> anyhow::Result<Duration> {
     let mut command = runtime_command(handler, dir)?;
     command.args(["run", "--bundle"]).arg(bundle).arg(id);
     command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let started = Instant::now();
     let out = command.output().with_context(|| format!("running the {handler} floor"))?;
-    let run = started.elapsed();
+    let took = started.elapsed();
     ensure!(out.status.success(), "{handler} run failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
-    let started = Instant::now();
-    cni.add_del(id)?;
-    Ok((run, started.elapsed()))
+    Ok(took)
 }

@@ -80,6 +80,12 @@ impl CniFloor {
 
     /// ADD through every plugin in order, each given the previous result, then DEL in reverse.
     pub fn add_del(&self, container_id: &str) -> anyhow::Result<()> {
+        self.add(container_id)?;
+        self.del(container_id)
+    }
+
+    /// ADD through every plugin in order, each given the previous result.
+    pub fn add(&self, container_id: &str) -> anyhow::Result<()> {
         let mut previous: Option<String> = None;
         for (bin, config) in &self.plugins {
             let input = match &previous {
@@ -88,6 +94,11 @@ impl CniFloor {
             };
             previous = Some(self.exec(bin, "ADD", container_id, &input)?);
         }
+        Ok(())
+    }
+
+    /// DEL through every plugin in reverse order.
+    pub fn del(&self, container_id: &str) -> anyhow::Result<()> {
         for (bin, config) in self.plugins.iter().rev() {
             self.exec(bin, "DEL", container_id, config)?;
         }
