@@ -408,12 +408,21 @@ fn berth_up_runs_the_tour_and_after_down_and_up_every_container_is_the_same_one(
     let after = containers(&cluster);
     assert_eq!(after, before, "every pod still there, on the same containers, none restarted");
 
-    // Down with the pods: nothing of them keeps running.
+    // Down, then down with the pods on the stopped cluster: the runtime comes back just to stop
+    // them; nothing of them keeps running, and the pod network's bridge goes too.
+    let down = cluster.down(false);
+    assert!(down.status.success(), "berth down: {}{}", text(&down.stderr), text(&down.stdout));
     let down = cluster.down(true);
     assert!(down.status.success(), "berth down --stop-pods: {}{}", text(&down.stderr), text(&down.stdout));
+    assert!(
+        text(&down.stdout).contains("berth was down; its runtime stopped and removed 7 pod(s)"),
+        "{}",
+        text(&down.stdout)
+    );
     let left = processes_mentioning(&cluster.data_dir().join("runtime").to_string_lossy());
     assert_eq!(left, Vec::<u32>::new(), "no container monitor left");
     assert!(!cluster.has_sandboxes(), "no sandbox left in the runtime");
+    assert!(!Path::new("/sys/class/net").join(&cluster.network.bridge).exists(), "the bridge is gone");
 }
 
 #[test]

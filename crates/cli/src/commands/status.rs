@@ -5,6 +5,19 @@
 
 use std::path::PathBuf;
 
+/// `println!` that ends the command quietly when stdout is closed (`berth status | head -3`)
+/// instead of panicking on the broken pipe.
+macro_rules! say {
+    () => {
+        say!("")
+    };
+    ($($arg:tt)*) => {
+        if std::io::Write::write_fmt(&mut std::io::stdout(), format_args!("{}\n", format_args!($($arg)*))).is_err() {
+            std::process::exit(0);
+        }
+    };
+}
+
 use k8s_openapi::api::core::v1::Node;
 
 use super::up::cluster::{self, ready_condition, runtime_handlers};
@@ -25,7 +38,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let layout = Layout::new(&args.data_dir)?;
     let supervisor = live_supervisor(&layout);
     let Some(state) = State::read(&layout) else {
-        println!(
+        say!(
             "berth is not up in {} (no {}: has `berth up` run here?)",
             layout.data_dir.display(),
             layout.state_file().display()
@@ -33,7 +46,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         std::process::exit(1);
     };
     let Some(pid) = supervisor.filter(|p| *p == state.supervisor_pid && state.running) else {
-        println!("berth is down in {} (no supervisor running)", layout.data_dir.display());
+        say!("berth is down in {} (no supervisor running)", layout.data_dir.display());
         print_parts(&state, &[]);
         print_paths(&layout, &state);
         std::process::exit(1);
@@ -76,15 +89,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let since = jiff::Timestamp::now().duration_since(state.started_at).unsigned_abs();
-    println!(
+    say!(
         "berth is up in {} (supervisor pid {pid}, up {}{})",
         layout.data_dir.display(),
         human_duration(since),
         if state.join { ", a worker: runtime and agent only" } else { "" }
     );
-    println!();
+    say!();
     print_parts(&state, &health);
-    println!();
+    say!();
 
     let mut problems = Vec::new();
     for part in &state.parts {
@@ -109,21 +122,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             if ready.is_none_or(|c| c.status != "True") {
                 problems.push(format!("node {} is {ready_text}", state.node_name));
             }
-            println!("node {}: {ready_text}; runtimeHandlers: {}", state.node_name, runtime_handlers(node).join(", "));
+            say!("node {}: {ready_text}; runtimeHandlers: {}", state.node_name, runtime_handlers(node).join(", "));
         }
         None => {
             problems.push(format!("node {} cannot be read from the API", state.node_name));
-            println!("node {}: unknown (the API does not answer)", state.node_name);
+            say!("node {}: unknown (the API does not answer)", state.node_name);
         }
     }
-    println!("runtimes found by berth up:");
+    say!("runtimes found by berth up:");
     for probe in &state.runtimes {
-        println!("  {}", probe.summary());
+        say!("  {}", probe.summary());
     }
     print_paths(&layout, &state);
     if !problems.is_empty() {
-        println!();
-        println!("berth is not fully up: {}", problems.join("; "));
+        say!();
+        say!("berth is not fully up: {}", problems.join("; "));
         std::process::exit(1);
     }
     Ok(())
@@ -166,17 +179,17 @@ fn print_parts(state: &State, health: &[(&str, Health)]) {
                 line.push_str(cell);
             }
         }
-        println!("{}", line.trim_end());
+        say!("{}", line.trim_end());
     }
 }
 
 fn print_paths(layout: &Layout, state: &State) {
-    println!("data dir:   {}", layout.data_dir.display());
-    println!("kubeconfig: {}", state.kubeconfig.display());
-    println!("runtime:    unix://{}", state.runtime_socket.display());
+    say!("data dir:   {}", layout.data_dir.display());
+    say!("kubeconfig: {}", state.kubeconfig.display());
+    say!("runtime:    unix://{}", state.runtime_socket.display());
     let logs: Vec<String> = std::iter::once(layout.log("up"))
         .chain(state.parts.iter().map(|p| p.log.clone()))
         .map(|p| p.display().to_string())
         .collect();
-    println!("logs:       {}", logs.join(", "));
+    say!("logs:       {}", logs.join(", "));
 }

@@ -452,25 +452,7 @@ impl Supervisor {
             tracing::warn!("the runtime is not running: its pods cannot be stopped");
             return;
         }
-        let endpoint = format!("unix://{}", self.plan.runtime_socket.display());
-        let ctx = crate::commands::cri::Context::new(&endpoint, Duration::from_secs(60));
-        let result = async {
-            let mut runtime = ctx.runtime().await?;
-            let pods = runtime.list_pod_sandbox(ctx.request(cri::ListPodSandboxRequest { filter: None })).await?;
-            let mut removed = 0;
-            for pod in pods.into_inner().items {
-                let id = pod.id;
-                runtime
-                    .stop_pod_sandbox(ctx.request(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() }))
-                    .await?;
-                runtime
-                    .remove_pod_sandbox(ctx.request(cri::RemovePodSandboxRequest { pod_sandbox_id: id.clone() }))
-                    .await?;
-                removed += 1;
-            }
-            anyhow::Ok(removed)
-        };
-        match result.await {
+        match remove_every_pod(&self.plan.runtime_socket).await {
             Ok(n) => tracing::info!(pods = n, "stopped and removed every pod"),
             Err(e) => tracing::error!(error = format!("{e:#}"), "stopping the pods failed"),
         }
@@ -520,7 +502,24 @@ impl Supervisor {
 
 /// Starts `exe args` with output appended to `log`, in a process group of its own, told to
 /// die with this process.
-fn spawn(exe: &Path, args: &[OsString], log: &Path) -> anyhow::Result<tokio::process::Child> {
+/// Stops and removes every pod sandbox (its containers with it) of the runtime on `socket`;
+/// returns how many there were.
+pub async fn remove_every_pod(socket: &Path) -> anyhow::Result<usize> {
+    let endpoint = format!("unix://{}", socket.display());
+    let ctx = crate::commands::cri::Context::new(&endpoint, Duration::from_secs(60));
+    let mut runtime = ctx.runtime().await?;
+    let pods = runtime.list_pod_sandbox(ctx.request(cri::ListPodSandboxRequest { filter: None })).await?;
+    let mut removed = 0;
+    for pod in pods.into_inner().items {
+        let id = pod.id;
+        runtime.stop_pod_sandbox(ctx.request(cri::StopPodSandboxRequest { pod_sandbox_id: id.clone() })).await?;
+        runtime.remove_pod_sandbox(ctx.request(cri::RemovePodSandboxRequest { pod_sandbox_id: id.clone() })).await?;
+        removed += 1;
+    }
+    Ok(removed)
+}
+
+pub fn spawn(exe: &Path, args: &[OsString], log: &Path) -> anyhow::Result<tokio::process::Child> {
     use std::io::Write as _;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
