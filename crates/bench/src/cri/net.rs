@@ -86,31 +86,41 @@ impl CniFloor {
 
     /// ADD through every plugin in order, each given the previous result.
     pub fn add(&self, container_id: &str) -> anyhow::Result<()> {
+        self.add_in(&self.netns_path, container_id)
+    }
+
+    /// DEL through every plugin in reverse order.
+    pub fn del(&self, container_id: &str) -> anyhow::Result<()> {
+        self.del_in(&self.netns_path, container_id)
+    }
+
+    /// [`CniFloor::add`] into the network namespace at `netns` (one of [`Netns`]).
+    pub fn add_in(&self, netns: &Path, container_id: &str) -> anyhow::Result<()> {
         let mut previous: Option<String> = None;
         for (bin, config) in &self.plugins {
             let input = match &previous {
                 Some(result) => with_prev_result(config, result),
                 None => config.clone(),
             };
-            previous = Some(self.exec(bin, "ADD", container_id, &input)?);
+            previous = Some(self.exec(bin, "ADD", netns, container_id, &input)?);
         }
         Ok(())
     }
 
-    /// DEL through every plugin in reverse order.
-    pub fn del(&self, container_id: &str) -> anyhow::Result<()> {
+    /// [`CniFloor::del`] from the network namespace at `netns`.
+    pub fn del_in(&self, netns: &Path, container_id: &str) -> anyhow::Result<()> {
         for (bin, config) in self.plugins.iter().rev() {
-            self.exec(bin, "DEL", container_id, config)?;
+            self.exec(bin, "DEL", netns, container_id, config)?;
         }
         Ok(())
     }
 
-    fn exec(&self, bin: &Path, command: &str, container_id: &str, input: &str) -> anyhow::Result<String> {
+    fn exec(&self, bin: &Path, command: &str, netns: &Path, container_id: &str, input: &str) -> anyhow::Result<String> {
         let ifname = if bin.ends_with("loopback") { "lo" } else { "eth0" };
         let mut child = Command::new(bin)
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", container_id)
-            .env("CNI_NETNS", &self.netns_path)
+            .env("CNI_NETNS", netns)
             .env("CNI_IFNAME", ifname)
             .env("CNI_PATH", CNI_BIN_DIR)
             .stdin(Stdio::piped())
@@ -140,6 +150,26 @@ fn with_prev_result(config: &str, result: &str) -> String {
 impl Drop for CniFloor {
     fn drop(&mut self) {
         let _ = run("ip", &["netns", "del", &self.netns_name]);
+    }
+}
+
+/// A named network namespace of the bench (`ip netns add`), deleted on drop.
+pub struct Netns {
+    name: String,
+    pub path: PathBuf,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let name = format!("berth-bench-{tag}-{}", std::process::id());
+        run("ip", &["netns", "add", &name])?;
+        Ok(Self { path: Path::new("/run/netns").join(&name), name })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = run("ip", &["netns", "del", &self.name]);
     }
 }
 

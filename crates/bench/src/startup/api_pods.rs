@@ -60,11 +60,20 @@ pub struct Seen {
     pub ended: Ended,
 }
 
+/// What the watch tells of a pod.
+enum Note {
+    /// The first event of the pod: it was just created (a Deployment's pods have no create call
+    /// of the bench's to time from).
+    Appeared(String, Instant),
+    Ended(String, Seen),
+}
+
 /// The start of every bench pod in the namespace, as one watch sees it end: kept by name
 /// until asked for, so pods started together are all accounted for.
 pub struct StartWatch {
-    events: mpsc::UnboundedReceiver<(String, Seen)>,
+    events: mpsc::UnboundedReceiver<Note>,
     seen: HashMap<String, Seen>,
+    appeared: HashMap<String, Instant>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -77,14 +86,19 @@ impl StartWatch {
             let stream = watcher::watcher(api, watcher::Config::default().labels(SELECTOR));
             futures::pin_mut!(stream);
             let mut listed_tx = Some(listed_tx);
-            let mut reported = std::collections::HashSet::new();
+            let (mut appeared, mut reported) = (std::collections::HashSet::new(), std::collections::HashSet::new());
             while let Some(event) = stream.next().await {
                 let at = Instant::now();
                 match event {
                     Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                        let (uid, name) = (p.metadata.uid.clone().unwrap_or_default(), p.metadata.name.clone());
+                        let name = name.unwrap_or_default();
+                        if appeared.insert(uid.clone()) {
+                            let _ = tx.send(Note::Appeared(name.clone(), at));
+                        }
                         let Some(ended) = start_ended(&p) else { continue };
-                        if reported.insert(p.metadata.uid.clone().unwrap_or_default()) {
-                            let _ = tx.send((p.metadata.name.unwrap_or_default(), Seen { at, ended }));
+                        if reported.insert(uid) {
+                            let _ = tx.send(Note::Ended(name, Seen { at, ended }));
                         }
                     }
                     Ok(Event::InitDone) => {
@@ -101,7 +115,7 @@ impl StartWatch {
             .await
             .context("the pod watch did not list within 30 s")?
             .context("the pod watch ended")?;
-        Ok(Self { events, seen: HashMap::new(), task })
+        Ok(Self { events, seen: HashMap::new(), appeared: HashMap::new(), task })
     }
 
     /// Waits until the starts of `count` pods whose names `matches` have ended, or the deadline;
@@ -119,15 +133,24 @@ impl StartWatch {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, self.events.recv()).await {
-                Ok(Some((name, seen))) => {
+                Ok(Some(Note::Ended(name, seen))) => {
                     self.seen.insert(name, seen);
+                }
+                Ok(Some(Note::Appeared(name, at))) => {
+                    self.appeared.insert(name, at);
                 }
                 Ok(None) => bail!("the pod watch ended"),
                 Err(_) => break,
             }
         }
         let names: Vec<String> = self.seen.keys().filter(|n| matches(n)).cloned().collect();
+        self.appeared.retain(|n, _| !matches(n) || names.contains(n));
         Ok(names.into_iter().filter_map(|n| self.seen.remove(&n).map(|s| (n, s))).collect())
+    }
+
+    /// When the watch first saw pod `name` (taken out of its keeping).
+    fn appeared(&mut self, name: &str) -> Option<Instant> {
+        self.appeared.remove(name)
     }
 }
 
@@ -183,6 +206,9 @@ pub async fn start_many(api: &Api<Pod>, watch: &mut StartWatch, pods: &[Pod]) ->
 /// A Deployment's pods, each timed from the Deployment's create.
 pub struct Burst {
     pub starts: Vec<Start>,
+    /// Of the pods that started, each from its own creation (the watch's first sight of it) to
+    /// Running: the pod startup latency Kubernetes' SLO speaks of.
+    pub since_created: Vec<Duration>,
     /// From the create to the last pod seen Running (or the timeout).
     pub all_running: Duration,
 }
@@ -215,6 +241,11 @@ pub async fn deployment_burst(
     let prefix = format!("{name}-");
     let seen = watch.wait(|n| n.starts_with(&prefix), replicas, t0 + BURST_TIMEOUT).await?;
     let all_running = seen.iter().map(|(_, s)| s.at.saturating_duration_since(t0)).max().unwrap_or_default();
+    let since_created = seen
+        .iter()
+        .filter(|(_, s)| s.ended == Ended::Running)
+        .filter_map(|(name, s)| Some(s.at.saturating_duration_since(watch.appeared(name)?)))
+        .collect();
     let mut starts: Vec<Start> =
         seen.into_iter().map(|(_, s)| Start { took: s.at.saturating_duration_since(t0), ended: s.ended }).collect();
     let missing = replicas.saturating_sub(starts.len());
@@ -223,7 +254,7 @@ pub async fn deployment_burst(
         starts.push(Start { took: t0.elapsed(), ended });
     }
     let all_running = if missing > 0 { t0.elapsed() } else { all_running };
-    Ok(Burst { starts, all_running })
+    Ok(Burst { starts, since_created, all_running })
 }
 
 /// Deletes the burst's Deployment in the foreground (its ReplicaSet and pods go first) and

@@ -13,7 +13,10 @@
 //!   StartContainer), the last two swapping places every other time so both see the same load;
 //! - **10 at a time**: waves of 10 pods created together, each pod timed from its own create;
 //! - **a burst**: a Deployment of 100 replicas created at once (each pod timed from the
-//!   Deployment's create), and 100 containerd pods started at once.
+//!   Deployment's create, and from its own creation as the watch first sees it), 100 floor
+//!   samples 10 at a time (the most starts per second the raw runtime and CNI give here, which
+//!   bounds how soon the last of 100 pods created together can run), and 100 containerd pods
+//!   started at once.
 //!
 //! Pods of a shape keep running until it ends, then all are deleted before the next. The memory
 //! of the tree (supervisor, server, runtime, agent; container monitors and infra processes
@@ -30,6 +33,7 @@ mod containerd_pods;
 mod report;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -41,11 +45,12 @@ use kube::api::Api;
 
 use self::api_pods::StartWatch;
 use self::cluster::UpCluster;
-use self::report::{HandlerResult, Report, Shape};
+use self::report::{FloorBurst, HandlerResult, Report, Shape};
 use crate::cri::client::{self, CriClient, PodSpec};
 use crate::cri::daemons::{self, CONTAINERD_NETWORK};
-use crate::cri::net::{self, CniFloor, HostState, Network};
+use crate::cri::net::{self, CniFloor, HostState, Netns, Network};
 use crate::cri::{HANDLERS, floor};
+use crate::stats::Latencies;
 
 /// The bridge and pod range of the bench's `berth up` cluster, apart from a user's (`berth0`,
 /// `10.88.0.0/16`) and from the other benches'.
@@ -290,6 +295,48 @@ impl Floor {
             Ok((run, add))
         })
     }
+
+    /// `n` samples, `parallel` at a time, each into a network namespace of its own made
+    /// beforehand; only `X run` and the ADD are inside the timed part (the DELs come after).
+    fn burst(&self, handler: &str, n: usize, parallel: usize) -> anyhow::Result<FloorBurst> {
+        let namespaces = (0..n).map(|i| Netns::new(&format!("fb{i}"))).collect::<anyhow::Result<Vec<_>>>()?;
+        let id = |i: usize| format!("bench-floor-{handler}-b{i}");
+        let next = AtomicUsize::new(0);
+        let started = Instant::now();
+        let done: Vec<anyhow::Result<Vec<Duration>>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..parallel)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= n {
+                                return Ok(done);
+                            }
+                            floor::run(handler, &self.dir, &self.bundle, &id(i))?;
+                            self.cni.add_in(&namespaces[i].path, &id(i))?;
+                            done.push(started.elapsed());
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a floor worker panicked"))))
+                .collect()
+        });
+        let wall = started.elapsed();
+        for (i, netns) in namespaces.iter().enumerate() {
+            let _ = self.cni.del_in(&netns.path, &id(i));
+        }
+        let mut burst = FloorBurst { parallel, done: Latencies::default(), wall };
+        for took in done {
+            for d in took? {
+                burst.done.record(d);
+            }
+        }
+        Ok(burst)
+    }
 }
 
 /// One handler's shapes, through the API and through containerd.
@@ -398,10 +445,16 @@ impl HandlerRun<'_> {
         for s in &burst.starts {
             shape.record_berth(s);
         }
+        for took in &burst.since_created {
+            shape.berth_since_created.record(*took);
+        }
         shape.wall = Some(burst.all_running);
         result.burst = shape;
         api_pods::delete_deployment(self.cluster.admin(), handler).await?;
         self.clear().await?;
+        let parallel = self.args.wave;
+        eprintln!("{handler}: the floor as a burst of {n}, {parallel} at a time");
+        result.floor_burst = Some(tokio::task::block_in_place(|| self.floor.burst(handler, n, parallel))?);
         if let Some(c) = self.containerd.as_deref_mut() {
             let specs: Vec<PodSpec<'_>> = (0..n)
                 .map(|i| PodSpec::sleeping(format!("ctd-{handler}-b{i}"), handler, &self.logs, self.image))

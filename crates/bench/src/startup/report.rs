@@ -28,6 +28,8 @@ pub struct Shape {
     /// Starts that did not end Running (the runtime's message, or a timeout).
     pub berth_failed: Vec<String>,
     pub containerd: Latencies,
+    /// A burst's pods through berth, each from its own creation to Running.
+    pub berth_since_created: Latencies,
     /// The whole shape's wall time through berth, where it means something (a burst's: until
     /// all are Running).
     pub wall: Option<Duration>,
@@ -56,6 +58,23 @@ pub struct HandlerResult {
     pub burst: Shape,
     /// Until containerd's last burst pod had started.
     pub containerd_burst_wall: Option<Duration>,
+    /// The floor as a burst: as many samples, [`FloorBurst::parallel`] at a time.
+    pub floor_burst: Option<FloorBurst>,
+}
+
+/// Floor samples started together, `parallel` at a time: the most starts per second the raw
+/// runtime and CNI give on this machine.
+pub struct FloorBurst {
+    pub parallel: usize,
+    /// Each sample from the burst's start to its end.
+    pub done: Latencies,
+    pub wall: Duration,
+}
+
+impl FloorBurst {
+    pub fn rate(&self) -> f64 {
+        self.done.len() as f64 / self.wall.as_secs_f64()
+    }
 }
 
 impl HandlerResult {
@@ -69,6 +88,7 @@ impl HandlerResult {
             waves: Shape::default(),
             burst: Shape::default(),
             containerd_burst_wall: None,
+            floor_burst: None,
         }
     }
 
@@ -253,15 +273,27 @@ impl Report {
         }
         if let Some(runc) = self.handlers.iter().find(|h| h.handler == "runc") {
             let rate = runc.burst_rate();
-            let p99 = fig(&runc.burst.berth).p99_ms;
+            let p99 = fig(&runc.burst.berth_since_created).p99_ms;
             println!(
-                "  runc burst of {}: ≥ {BURST_RATE_TARGET} pods/s: {} ({} pods/s); per-pod p99 ≤ {BURST_P99_TARGET_MS} ms: {} ({} ms)",
+                "  runc burst of {}: ≥ {BURST_RATE_TARGET} pods/s: {} ({} pods/s); per-pod p99 (creation → Running) ≤ \
+                 {BURST_P99_TARGET_MS} ms: {} ({} ms)",
                 self.burst,
                 verdict(rate.map(|r| r >= BURST_RATE_TARGET)),
                 rate.map_or_else(|| "-".to_owned(), |r| format!("{r:.1}")),
                 verdict(p99.map(|p| p <= BURST_P99_TARGET_MS)),
                 ms(p99)
             );
+            if let Some(fb) = &runc.floor_burst {
+                // Pods created together queue for the machine: the last of them waits for all the others.
+                let bound_ms = 0.99 * fb.done.len() as f64 / fb.rate() * 1000.0;
+                println!(
+                    "    floor: the raw runtime + CNI ADD start at most {:.1} pods/s here ({} at a time), so {} pods \
+                     created at once cannot all be Running with a p99 under {bound_ms:.0} ms",
+                    fb.rate(),
+                    fb.parallel,
+                    fb.done.len()
+                );
+            }
         }
         // PSS: the berth processes all map the one binary, whose pages VmRSS counts once per process.
         let idle = self.idle_memory.total();
@@ -293,6 +325,7 @@ impl Report {
                 "berth_failed": s.berth_failed,
                 "containerd": lat(&s.containerd),
                 "berth_wall_s": s.wall.map(|w| w.as_secs_f64()),
+                "berth_since_created": lat(&s.berth_since_created),
             })
         };
         let memory = |m: &TreeMemory| {
@@ -322,6 +355,12 @@ impl Report {
                     "burst": shape(&h.burst),
                     "burst_pods_per_s": h.burst_rate(),
                     "containerd_burst_wall_s": h.containerd_burst_wall.map(|w| w.as_secs_f64()),
+                    "floor_burst": h.floor_burst.as_ref().map(|fb| json!({
+                        "parallel": fb.parallel,
+                        "done": lat(&fb.done),
+                        "wall_s": fb.wall.as_secs_f64(),
+                        "pods_per_s": fb.rate(),
+                    })),
                     "p50_over_floor": p50,
                     "p99_over_floor": p99,
                 })
