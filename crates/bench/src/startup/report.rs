@@ -221,6 +221,14 @@ impl Report {
                     println!("    failed: {why}");
                 }
             }
+            if h.burst.berth_since_created.len() > 0 {
+                let what = format!("burst of {}: berth, from each pod's creation", self.burst);
+                row(&what, &h.burst.berth_since_created, &floor, None, 0);
+            }
+            if let Some(fb) = &h.floor_burst {
+                let what = format!("burst of {}: floor, {} at a time", fb.done.len(), fb.parallel);
+                row(&what, &fb.done, &floor, Some(fb.rate()), 0);
+            }
             if let Some(wall) = h.burst.wall {
                 println!(
                     "  burst: all {} Running {:.2} s after the Deployment's create",
