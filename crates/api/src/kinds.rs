@@ -49,6 +49,9 @@ enum Kind {
     RuntimeClass,
     Deployment,
     ReplicaSet,
+    Service,
+    Endpoints,
+    EndpointSlice,
     Other,
 }
 
@@ -66,6 +69,9 @@ fn kind_of(rt: &ResourceType) -> Kind {
         ("node.k8s.io", "RuntimeClass") => Kind::RuntimeClass,
         ("apps", "Deployment") => Kind::Deployment,
         ("apps", "ReplicaSet") => Kind::ReplicaSet,
+        ("", "Service") => Kind::Service,
+        ("", "Endpoints") => Kind::Endpoints,
+        ("discovery.k8s.io", "EndpointSlice") => Kind::EndpointSlice,
         _ => Kind::Other,
     }
 }
@@ -86,6 +92,9 @@ pub fn garbage_collection_policy(rt: &ResourceType) -> GarbageCollectionPolicy {
         | Kind::RuntimeClass
         | Kind::Deployment
         | Kind::ReplicaSet
+        | Kind::Service
+        | Kind::Endpoints
+        | Kind::EndpointSlice
         | Kind::Other => GarbageCollectionPolicy::DeleteDependents,
     }
 }
@@ -370,7 +379,13 @@ pub fn prepare_for_create(rt: &ResourceType, obj: &mut Value) {
             rs.status = Some(Default::default());
             rs.metadata.generation = Some(1);
         }),
+        Kind::Service => edit::<core::Service>(obj, |svc| {
+            svc.status = None;
+            crate::service::default_service(svc);
+        }),
         Kind::ConfigMap
+        | Kind::Endpoints
+        | Kind::EndpointSlice
         | Kind::ServiceAccount
         | Kind::Event
         | Kind::EventV1
@@ -432,7 +447,16 @@ pub fn prepare_for_update(rt: &ResourceType, new: &mut Value, old: &Value) {
                 }
             })
         }
+        Kind::Service => {
+            let Some(old_svc) = decode::<core::Service>(old) else { return };
+            edit::<core::Service>(new, |svc| {
+                crate::service::keep_allocated(svc, &old_svc);
+                crate::service::default_service(svc);
+            })
+        }
         Kind::ConfigMap
+        | Kind::Endpoints
+        | Kind::EndpointSlice
         | Kind::ServiceAccount
         | Kind::Event
         | Kind::EventV1
@@ -1210,8 +1234,37 @@ pub fn validate_create(rt: &ResourceType, obj: &Value) -> Vec<FieldError> {
         Kind::RuntimeClass => decode(obj).map(|rc| validate_runtime_class(&rc)).unwrap_or_default(),
         Kind::Deployment => decode(obj).map(|d| validate_deployment(&d, obj)).unwrap_or_default(),
         Kind::ReplicaSet => decode(obj).map(|rs| validate_replica_set(&rs, obj)).unwrap_or_default(),
+        Kind::Service => decode(obj).map(|s| crate::service::validate_service(&s)).unwrap_or_default(),
+        Kind::EndpointSlice => {
+            let mut errs = meta_only(true);
+            errs.extend(validate_endpoint_slice(obj));
+            errs
+        }
+        Kind::Endpoints => meta_only(true),
         // Events are validated lightly: their metadata only.
         Kind::ServiceAccount | Kind::Event | Kind::EventV1 | Kind::Other => meta_only(rt.namespaced),
+    }
+}
+
+/// An EndpointSlice's address type is required and one of Kubernetes' three.
+fn validate_endpoint_slice(obj: &Value) -> Vec<FieldError> {
+    const TYPES: &[&str] = &["FQDN", "IPv4", "IPv6"];
+    match obj.get("addressType").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+        None => vec![FieldError::required("addressType", "")],
+        Some(t) if !TYPES.contains(&t) => vec![FieldError::not_supported("addressType", t, TYPES)],
+        Some(_) => {
+            let n = obj.get("endpoints").and_then(Value::as_array).map_or(0, Vec::len);
+            if n > 1000 {
+                vec![FieldError {
+                    error_type: ErrorType::TooMany,
+                    field: "endpoints".into(),
+                    bad_value: Some(n.to_string()),
+                    detail: "must have at most 1000 items".into(),
+                }]
+            } else {
+                Vec::new()
+            }
+        }
     }
 }
 
@@ -1281,7 +1334,18 @@ pub fn validate_update(rt: &ResourceType, new: &Value, old: &Value) -> Vec<Field
                 errs
             })
             .unwrap_or_default(),
-        Kind::ServiceAccount | Kind::Event | Kind::EventV1 | Kind::Other => meta_update(),
+        Kind::Service => pair::<core::Service>(new, old)
+            .map(|(n, o)| crate::service::validate_service_update(&n, &o))
+            .unwrap_or_default(),
+        Kind::EndpointSlice => {
+            let mut errs = meta_update();
+            errs.extend(validate_endpoint_slice(new));
+            if new.get("addressType") != old.get("addressType") {
+                errs.push(FieldError::invalid("addressType", &str_at(new, "/addressType"), FIELD_IMMUTABLE));
+            }
+            errs
+        }
+        Kind::ServiceAccount | Kind::Endpoints | Kind::Event | Kind::EventV1 | Kind::Other => meta_update(),
     }
 }
 

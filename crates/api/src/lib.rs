@@ -7,6 +7,7 @@ pub mod field_error;
 pub mod kinds;
 pub mod resources;
 pub mod selector;
+pub mod service;
 pub mod strategic_merge;
 pub mod table;
 pub mod validation;

@@ -1,6 +1,6 @@
 //! The resource types the control plane serves: names, scope, subresources, and typed decoding.
 
-use k8s_openapi::api::{apps, coordination, core, events, node};
+use k8s_openapi::api::{apps, coordination, core, discovery, events, node};
 use serde_json::Value;
 
 /// One served resource, e.g. `pods` in core/v1 or `runtimeclasses` in node.k8s.io/v1.
@@ -54,6 +54,9 @@ impl ResourceType {
             ("", "Secret") => rt::<core::v1::Secret>(obj),
             ("", "ServiceAccount") => rt::<core::v1::ServiceAccount>(obj),
             ("", "Event") => rt::<core::v1::Event>(obj),
+            ("", "Service") => rt::<core::v1::Service>(obj),
+            ("", "Endpoints") => rt::<core::v1::Endpoints>(obj),
+            ("discovery.k8s.io", "EndpointSlice") => rt::<discovery::v1::EndpointSlice>(obj),
             ("events.k8s.io", "Event") => rt::<events::v1::Event>(obj),
             ("coordination.k8s.io", "Lease") => rt::<coordination::v1::Lease>(obj),
             ("node.k8s.io", "RuntimeClass") => rt::<node::v1::RuntimeClass>(obj),
@@ -101,6 +104,22 @@ pub static SERVICEACCOUNTS: ResourceType = rtype!(
     false,
     "serviceaccounts"
 );
+pub static SERVICES: ResourceType =
+    rtype!("", "Service", "services", "service", true, &["svc"], &["all"], true, false, "services/specs");
+pub static ENDPOINTS: ResourceType =
+    rtype!("", "Endpoints", "endpoints", "endpoints", true, &["ep"], &[], false, false, "services/endpoints");
+pub static ENDPOINTSLICES: ResourceType = rtype!(
+    "discovery.k8s.io",
+    "EndpointSlice",
+    "endpointslices",
+    "endpointslice",
+    true,
+    &[],
+    &[],
+    false,
+    false,
+    "endpointslices"
+);
 pub static EVENTS: ResourceType = rtype!("", "Event", "events", "event", true, &["ev"], &[], false, false, "events");
 pub static EVENTS_V1: ResourceType =
     rtype!("events.k8s.io", "Event", "events", "event", true, &["ev"], &[], false, false, "events");
@@ -131,12 +150,15 @@ pub static ALL: &[&ResourceType] = &[
     &CONFIGMAPS,
     &SECRETS,
     &SERVICEACCOUNTS,
+    &SERVICES,
+    &ENDPOINTS,
     &EVENTS,
     &EVENTS_V1,
     &LEASES,
     &RUNTIMECLASSES,
     &DEPLOYMENTS,
     &REPLICASETS,
+    &ENDPOINTSLICES,
 ];
 
 /// The resource served at `group/version` under `plural`.

@@ -90,6 +90,7 @@ pub fn list_meta(rt: &ResourceType, path: &str) -> Option<ListMeta> {
         ),
         ("", "Namespace") => lookup(&[("status.conditions", Some("type"))], "", path),
         ("", "ServiceAccount") => lookup(&[("secrets", Some("name"))], "", path),
+        ("", "Service") => lookup(&[("spec.ports", Some("port")), ("status.conditions", Some("type"))], "", path),
         ("apps", "Deployment" | "ReplicaSet") => lookup(OBJECT_META, "spec.template.metadata", path)
             .or_else(|| pod_spec_meta("spec.template.spec", path))
             .or_else(|| lookup(&[("status.conditions", Some("type"))], "", path)),
@@ -726,5 +727,15 @@ mod tests {
         assert_eq!(list_meta(&PODS, "spec.tolerations"), None);
         assert_eq!(list_meta(&PODS, "status.containerStatuses"), None);
         assert_eq!(list_meta(&NODES, "spec.taints"), None);
+    }
+
+    #[test]
+    fn service_ports_merge_by_port_number() {
+        let svc = json!({"spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}]}});
+        let patch = json!({"spec": {"ports": [{"port": 443, "targetPort": 8443}]}});
+        let out = apply(&crate::resources::SERVICES, &svc, &patch).unwrap();
+        let ports = out["spec"]["ports"].as_array().unwrap();
+        assert_eq!(ports.len(), 2);
+        assert!(ports.contains(&json!({"port": 443, "name": "https", "targetPort": 8443})), "{ports:?}");
     }
 }

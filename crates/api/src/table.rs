@@ -93,6 +93,23 @@ fn column_table(rt: &ResourceType) -> Vec<Col> {
             text("Count", 1, "The number of times this event has occurred."),
             ("Name", "string", "name", 1, NAME_DOC),
         ],
+        ("", "Service") => vec![
+            name_col(),
+            text("Type", 0, "The type of the service."),
+            text("Cluster-IP", 0, "The cluster IP of the service."),
+            text("External-IP", 0, "The external IPs of the service."),
+            text("Port(s)", 0, "The ports of the service."),
+            age_col(),
+            text("Selector", 1, "Route service traffic to pods with label keys and values matching this selector."),
+        ],
+        ("", "Endpoints") => vec![name_col(), text("Endpoints", 0, "Endpoints of the service."), age_col()],
+        ("discovery.k8s.io", "EndpointSlice") => vec![
+            name_col(),
+            text("AddressType", 0, "The type of the addresses in this slice."),
+            text("Ports", 0, "The ports of this slice."),
+            text("Endpoints", 0, "The addresses of the endpoints in this slice."),
+            age_col(),
+        ],
         ("coordination.k8s.io", "Lease") => {
             vec![name_col(), text("Holder", 0, "The identity of the holder of the lease."), age_col()]
         }
@@ -163,6 +180,9 @@ pub fn cells(rt: &ResourceType, obj: &Value, now: jiff::Timestamp) -> Vec<Value>
         }
         ("", "ServiceAccount") => vec![name.into(), list_len(obj.get("secrets")).into(), age.into()],
         (_, "Event") => event_cells(obj, now),
+        ("", "Service") => service_cells(obj, name, age),
+        ("", "Endpoints") => vec![name.into(), endpoints_cell(obj).into(), age.into()],
+        ("discovery.k8s.io", "EndpointSlice") => endpoint_slice_cells(obj, name, age),
         ("coordination.k8s.io", "Lease") => {
             vec![name.into(), str_at(obj, &["spec", "holderIdentity"]).into(), age.into()]
         }
@@ -554,6 +574,80 @@ fn first_non_empty<'a>(a: &'a str, b: &'a str) -> &'a str {
 }
 
 /// The wide cells shared by workload controllers: container names, images, selector.
+fn service_cells(obj: &Value, name: &str, age: String) -> Vec<Value> {
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(obj.clone()).unwrap_or_default();
+    let cluster_ip = match str_at(obj, &["spec", "clusterIP"]) {
+        "" => NONE,
+        ip => ip,
+    };
+    let selector = obj.pointer("/spec/selector").and_then(Value::as_object).filter(|m| !m.is_empty());
+    let selector = match selector {
+        // Kubernetes prints a label set sorted by key.
+        Some(m) => {
+            let mut pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+            pairs.sort();
+            pairs.join(",")
+        }
+        None => NONE.into(),
+    };
+    vec![
+        name.into(),
+        crate::service::type_of(&svc).into(),
+        cluster_ip.into(),
+        crate::service::external_ip_cell(&svc).into(),
+        crate::service::ports_cell(&svc).into(),
+        age.into(),
+        selector.into(),
+    ]
+}
+
+/// At most three entries, then ` + N more...`, as kubectl's list printers.
+fn first_three(entries: Vec<String>, empty: &str) -> String {
+    if entries.is_empty() {
+        return empty.into();
+    }
+    let more = entries.len().saturating_sub(3);
+    let shown = entries.into_iter().take(3).collect::<Vec<_>>().join(",");
+    if more > 0 { format!("{shown} + {more} more...") } else { shown }
+}
+
+/// `ip:port` for every ready address and port of every subset.
+fn endpoints_cell(obj: &Value) -> String {
+    let mut out = Vec::new();
+    for subset in items(obj, &["subsets"]) {
+        let ports = items(subset, &["ports"]);
+        for addr in items(subset, &["addresses"]) {
+            let ip = addr["ip"].as_str().unwrap_or("");
+            if ports.is_empty() {
+                out.push(ip.to_string());
+            }
+            for p in ports {
+                out.push(format!("{ip}:{}", p["port"].as_i64().unwrap_or(0)));
+            }
+        }
+    }
+    first_three(out, NONE)
+}
+
+fn endpoint_slice_cells(obj: &Value, name: &str, age: String) -> Vec<Value> {
+    let ports: Vec<String> = items(obj, &["ports"])
+        .iter()
+        .map(|p| p.get("port").and_then(Value::as_i64).map_or("<unset>".to_string(), |n| n.to_string()))
+        .collect();
+    let ports = if ports.is_empty() { "<unset>".to_string() } else { ports.join(",") };
+    let addrs: Vec<String> = items(obj, &["endpoints"])
+        .iter()
+        .flat_map(|e| items(e, &["addresses"]).iter().filter_map(Value::as_str).map(str::to_string))
+        .collect();
+    vec![
+        name.into(),
+        str_at(obj, &["addressType"]).into(),
+        ports.into(),
+        first_three(addrs, "<unset>").into(),
+        age.into(),
+    ]
+}
+
 fn template_cells(obj: &Value) -> Vec<Value> {
     let containers = items(obj, &["spec", "template", "spec", "containers"]);
     let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap_or("")).collect();

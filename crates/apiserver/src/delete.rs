@@ -82,6 +82,12 @@ impl DeleteOptions {
                 propagation_policy: q.get("propagationPolicy").map(str::to_string),
                 preconditions: None,
             }
+        } else if body.starts_with(crate::protobuf::MAGIC) {
+            // client-go's default wire format; no JSON body starts with the magic.
+            let json = crate::protobuf::decode(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+            serde_json::from_value(json)
+                .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
         } else {
             serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?

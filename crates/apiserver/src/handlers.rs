@@ -7,7 +7,7 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
-use berth_api::resources::{NAMESPACES, PODS};
+use berth_api::resources::{NAMESPACES, PODS, SERVICES};
 use berth_api::selector::{FieldSelector, LabelSelector};
 use berth_api::{FieldError, ResourceType, kinds};
 use berth_store::{ListOptions, StoreError};
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::objects::{self, meta_mut};
 use crate::request::{self, FieldValidation, Output, Query, Target};
-use crate::{ApiError, ApiResult, ApiState, admission, delete, watch};
+use crate::{ApiError, ApiResult, ApiState, admission, delete, services, watch};
 
 /// `/api/v1/...`
 pub async fn core_entry(
@@ -468,10 +468,17 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
     if q.dry_run() {
         return Ok(with_warnings(json_response(StatusCode::CREATED, &obj), &warnings));
     }
+    let claimed =
+        if std::ptr::eq(rt, &SERVICES) { services::allocate(state, &mut obj, None).await? } else { Vec::new() };
     let key = objects::key(rt, t.namespace.as_deref(), &name);
     let started = Instant::now();
-    let kv =
-        state.store.create(&key, objects::encode(rt, &obj)).await.map_err(|e| ApiError::from_store(e, rt, &name))?;
+    let kv = match state.store.create(&key, objects::encode(rt, &obj)).await {
+        Ok(kv) => kv,
+        Err(e) => {
+            services::undo(state, &claimed).await;
+            return Err(ApiError::from_store(e, rt, &name));
+        }
+    };
     state.metrics.observe_store("create", started.elapsed());
     objects::set_resource_version(&mut obj, kv.mod_revision);
     Ok(with_warnings(json_response(StatusCode::CREATED, &obj), &warnings))
@@ -605,6 +612,21 @@ fn validate_update(rt: &ResourceType, new: &Value, old: &Value, sub: Option<&str
     if errors.is_empty() { Ok(()) } else { Err(ApiError::invalid(rt, objects::name(old), &errors)) }
 }
 
+/// A Service whose main resource changes may need a new cluster IP or node ports.
+async fn allocate_on_update(
+    state: &ApiState,
+    rt: &ResourceType,
+    new: &mut Value,
+    old: &Value,
+    sub: Option<&str>,
+    dry_run: bool,
+) -> ApiResult<Vec<String>> {
+    if !std::ptr::eq(rt, &SERVICES) || sub.is_some() || dry_run {
+        return Ok(Vec::new());
+    }
+    services::allocate(state, new, Some(old)).await
+}
+
 fn check_precondition(rt: &ResourceType, name: &str, new: &Value, current_rev: i64) -> ApiResult<()> {
     if objects::resource_version(new).is_some_and(|rv| rv != current_rev.to_string()) {
         return Err(ApiError::conflict(rt, name));
@@ -643,7 +665,14 @@ async fn update(
     check_precondition(rt, name, &new, rev)?;
     let mut new = prepare_update(rt, new, &old, sub);
     admission::update(state, t, &old, &mut new, |new| validate_update(rt, new, &old, sub)).await?;
-    let written = write_update(state, t, name, new, &old, rev, q.dry_run()).await?;
+    let claimed = allocate_on_update(state, rt, &mut new, &old, sub, q.dry_run()).await?;
+    let written = match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
+        Ok(w) => w,
+        Err(e) => {
+            services::undo(state, &claimed).await;
+            return Err(e);
+        }
+    };
     Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings))
 }
 
@@ -714,7 +743,12 @@ async fn patch(
         objects::set_resource_version(&mut new, rev);
         let mut new = prepare_update(rt, new, &old, sub);
         admission::update(state, t, &old, &mut new, |new| validate_update(rt, new, &old, sub)).await?;
-        match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
+        let claimed = allocate_on_update(state, rt, &mut new, &old, sub, q.dry_run()).await?;
+        let result = write_update(state, t, name, new, &old, rev, q.dry_run()).await;
+        if result.is_err() {
+            services::undo(state, &claimed).await;
+        }
+        match result {
             Ok(written) => return Ok(with_warnings(json_response(StatusCode::OK, &written), &warnings)),
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
             Err(e) => return Err(e),

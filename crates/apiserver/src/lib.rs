@@ -13,12 +13,14 @@ pub mod error;
 pub mod handlers;
 pub mod lifecycle;
 pub mod metrics;
+pub mod negotiation;
 pub mod objects;
 pub mod openapi;
 pub mod protobuf;
 pub mod proxy;
 pub mod request;
 pub mod server;
+pub mod services;
 pub mod tls;
 pub mod tokenreview;
 pub mod watch;
@@ -50,6 +52,8 @@ pub struct ApiState {
     pub metrics: metrics::Metrics,
     /// Settings of the admission chain.
     pub admission: admission::Admission,
+    /// Where Services get their cluster IPs and node ports.
+    pub services: services::ServiceNetwork,
 }
 
 impl ApiState {
@@ -63,7 +67,16 @@ impl ApiState {
         authenticator: Option<authn::TokenAuthenticator>,
         admission: admission::Admission,
     ) -> Arc<Self> {
-        Arc::new(Self { store, authenticator, metrics: metrics::Metrics::new(), admission })
+        Self::with_services(store, authenticator, admission, services::ServiceNetwork::default())
+    }
+
+    pub fn with_services(
+        store: Arc<dyn Store>,
+        authenticator: Option<authn::TokenAuthenticator>,
+        admission: admission::Admission,
+        services: services::ServiceNetwork,
+    ) -> Arc<Self> {
+        Arc::new(Self { store, authenticator, metrics: metrics::Metrics::new(), admission, services })
     }
 }
 
@@ -96,6 +109,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn(negotiation::encode))
         .with_state(state)
 }
 

@@ -1,21 +1,77 @@
-//! Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`) decoded into the JSON the same
-//! object would have, so the rest of the server handles them like JSON bodies.
+//! Kubernetes protobuf (`application/vnd.kubernetes.protobuf`) to and from the JSON the same object has,
+//! for every built-in kind in `proto/k8s.schema`, so the rest of the server only sees JSON.
 //!
 //! A body is the magic `k8s\0` then a `runtime.Unknown` {1 typeMeta {1 apiVersion, 2 kind}, 2 raw,
-//! 3 contentEncoding, 4 contentType}; `raw` is the object's proto2 message. Each supported message is a table of
-//! (field number, JSON name, type, cardinality) taken from the k8s.io/api `generated.proto` files.
+//! 3 contentEncoding, 4 contentType}; `raw` is the object's proto2 message.
 //!
-//! Go's generated marshallers write every non-pointer field, zero or not, while Go's JSON drops zero
-//! `omitempty` scalars. So a scalar that is a plain Go value (`o`) is dropped when zero, and one that is a Go
-//! pointer or a required field (`p`) is kept whenever it is on the wire (`replicas: 0`, `immutable: false`).
-//! Structs are always written by both, so nested messages always appear (`strategy: {}`), and a zero `Time`
-//! becomes `null`, as Go prints it. Unknown fields are skipped.
+//! **One mapping, driven by descriptors.** `proto/k8s.schema` lists the wire schema of the k8s.io/api and
+//! k8s.io/apimachinery messages (v0.33, as k8s-openapi's `v1_33`) in a line format of ours, described in
+//! its header: per message, each field's number, name, label and type. [`descriptor_set`] turns it into a
+//! protobuf descriptor set (map fields get their `…Entry` messages, as protoc makes them); [`Schema`]
+//! indexes that once and a single walker maps any message to JSON and back. The k8s-pb crate was not
+//! used: its prost types have no serde or reflection, so it would need one conversion per kind, and it
+//! mirrors one Kubernetes version more. Proto field names are the JSON names already (go-to-protobuf
+//! takes them from the `json` tags); what the wire schema cannot tell comes from the Go structs, noted in
+//! `proto/go_facts.txt`:
+//! - `keep`: a Go pointer or a field without `omitempty`. Go's marshallers write every non-pointer
+//!   field, zero or not, while Go's JSON drops zero `omitempty` scalars. So a zero scalar on the wire is
+//!   dropped unless kept (`replicas: 0`, `immutable: false` and DeleteOptions' `gracePeriodSeconds: 0` stay).
+//! - `inline`: a Go embedded struct (`json:",inline"`, e.g. Probe's `handler`): its fields land in the parent.
+//! - `rename`: the few fields whose JSON name differs from the proto name.
+//!
+//! Messages with custom JSON: `Time` {seconds, nanos} ↔ RFC 3339 (a zero time is written as an empty
+//! message and reads as `null`, as Go prints it), `MicroTime` (microseconds), `Duration` (Go's `1h2m3s`),
+//! `IntOrString`, `Quantity` (its string), `FieldsV1` and `RawExtension` (raw JSON, or an enveloped
+//! protobuf object), and the `items` wrappers of Go slice types (`ExtraValue`, `Verbs`) ↔ a bare array. `bytes` are
+//! base64 in JSON. Nested messages are always kept (`strategy: {}`), as Go prints structs. Unknown wire
+//! fields and unknown JSON keys are skipped. Custom resources have no descriptor and stay JSON only.
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use base64::Engine;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorProto, FileDescriptorSet, MessageOptions};
 use serde_json::{Map, Value};
 
 /// The four bytes before every Kubernetes protobuf message.
 pub const MAGIC: &[u8] = b"k8s\0";
+
+/// The media type of Kubernetes protobuf.
+pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+
+static WIRE_SCHEMA: &str = include_str!("../proto/k8s.schema");
+static GO_FACTS: &str = include_str!("../proto/go_facts.txt");
+static SCHEMA: LazyLock<Result<Schema, String>> =
+    LazyLock::new(|| descriptor_set(WIRE_SCHEMA).and_then(|set| Schema::load(&set, GO_FACTS)));
+
+fn schema() -> Result<&'static Schema, String> {
+    SCHEMA.as_ref().map_err(|e| format!("protobuf descriptors: {e}"))
+}
+
+/// The proto package of each built-in API group ("" is the core group).
+const GROUP_PACKAGES: &[(&str, &str)] = &[
+    ("", "k8s.io.api.core"),
+    ("apps", "k8s.io.api.apps"),
+    ("autoscaling", "k8s.io.api.autoscaling"),
+    ("batch", "k8s.io.api.batch"),
+    ("policy", "k8s.io.api.policy"),
+    ("authentication.k8s.io", "k8s.io.api.authentication"),
+    ("coordination.k8s.io", "k8s.io.api.coordination"),
+    ("discovery.k8s.io", "k8s.io.api.discovery"),
+    ("events.k8s.io", "k8s.io.api.events"),
+    ("node.k8s.io", "k8s.io.api.node"),
+    ("rbac.authorization.k8s.io", "k8s.io.api.rbac"),
+];
+const META_PACKAGE: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
+/// meta/v1 kinds a client sends under any group's apiVersion.
+const OPTIONS_KINDS: &[&str] =
+    &["DeleteOptions", "CreateOptions", "UpdateOptions", "PatchOptions", "GetOptions", "ListOptions"];
+
+/// Whether `apiVersion`/`kind` has a protobuf message (built-in kinds, their lists, and meta/v1 kinds).
+pub fn supports(api_version: &str, kind: &str) -> bool {
+    schema().is_ok_and(|s| s.find(api_version, kind).is_some())
+}
 
 /// Decodes a Kubernetes protobuf body into the object's JSON, `apiVersion` and `kind` included.
 pub fn decode(body: &[u8]) -> Result<Value, String> {
@@ -46,667 +102,465 @@ pub fn decode(body: &[u8]) -> Result<Value, String> {
     if kind.is_empty() {
         return Err("protobuf body has no kind in its typeMeta".into());
     }
-    let fields = KINDS
-        .iter()
-        .find(|(v, k, _)| *v == api_version && *k == kind)
-        .map(|(_, _, f)| *f)
+    let schema = schema()?;
+    let msg = schema
+        .find(&api_version, &kind)
         .ok_or_else(|| format!("protobuf decoding of {api_version} {kind} is not supported; send JSON"))?;
     let mut obj = Map::new();
     obj.insert("apiVersion".into(), api_version.clone().into());
     obj.insert("kind".into(), kind.clone().into());
-    decode_fields(raw, fields, &mut obj).map_err(|e| format!("malformed protobuf {kind}: {e}"))?;
+    schema.decode_fields(msg, raw, &mut obj).map_err(|e| format!("malformed protobuf {kind}: {e}"))?;
     Ok(Value::Object(obj))
 }
 
-#[derive(Clone, Copy)]
-enum Ty {
-    Str,
-    I32,
-    I64,
-    Bool,
-    /// Base64 in JSON.
-    Bytes,
-    /// metav1.Time {1 seconds, 2 nanos}: RFC 3339 to the second.
-    Time,
-    /// metav1.MicroTime: RFC 3339 to the microsecond.
-    MicroTime,
-    /// resource.Quantity {1 string}.
-    Quantity,
-    /// intstr.IntOrString {1 type, 2 intVal, 3 strVal}.
-    IntOrStr,
-    /// metav1.FieldsV1 {1 raw JSON}.
-    FieldsV1,
-    Msg(&'static [Field]),
-    /// A Go embedded struct: its fields land in the parent object.
-    Inline(&'static [Field]),
+/// Why an object cannot be written as protobuf.
+#[derive(Debug, thiserror::Error)]
+pub enum EncodeError {
+    /// The kind has no protobuf message (a custom resource, a Table): answer JSON or 406.
+    #[error("{api_version} {kind} has no protobuf encoding")]
+    Unsupported { api_version: String, kind: String },
+    #[error("encoding {kind} as protobuf: {reason}")]
+    Invalid { kind: String, reason: String },
 }
 
-impl Ty {
-    fn is_varint(self) -> bool {
-        matches!(self, Ty::I32 | Ty::I64 | Ty::Bool)
+/// Encodes an object's JSON (with `apiVersion` and `kind`) as a Kubernetes protobuf body: magic and
+/// `runtime.Unknown`, as Go's protobuf serializer writes it.
+pub fn encode(obj: &Value) -> Result<Vec<u8>, EncodeError> {
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let unsupported = || EncodeError::Unsupported { api_version: api_version.into(), kind: kind.into() };
+    let schema = schema().map_err(|_| unsupported())?;
+    let msg = schema.find(api_version, kind).ok_or_else(unsupported)?;
+    let Value::Object(map) = obj else { return Err(unsupported()) };
+    let mut raw = Vec::new();
+    schema.encode_fields(msg, map, &mut raw).map_err(|reason| EncodeError::Invalid { kind: kind.into(), reason })?;
+    Ok(envelope(api_version, kind, &raw))
+}
+
+/// `k8s\0` + runtime.Unknown{typeMeta, raw, contentEncoding: "", contentType: ""}.
+fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
+    let mut type_meta = Vec::new();
+    put_bytes(&mut type_meta, 1, api_version.as_bytes());
+    put_bytes(&mut type_meta, 2, kind.as_bytes());
+    let mut out = MAGIC.to_vec();
+    put_bytes(&mut out, 1, &type_meta);
+    put_bytes(&mut out, 2, raw);
+    put_bytes(&mut out, 3, b"");
+    put_bytes(&mut out, 4, b"");
+    out
+}
+
+/// One frame of a protobuf watch stream, as client-go's `streaming` decoder reads it: a 4-byte
+/// big-endian length, then `meta.v1.WatchEvent{1 type, 2 object: RawExtension{1 raw}}` written by the
+/// *raw* serializer (no magic, no `Unknown`), whose `raw` is the object enveloped as by [`encode`].
+pub fn watch_frame(event_type: &str, object: &Value) -> Result<Vec<u8>, EncodeError> {
+    let enveloped = encode(object)?;
+    let mut raw_ext = Vec::new();
+    put_bytes(&mut raw_ext, 1, &enveloped);
+    let mut event = Vec::new();
+    put_bytes(&mut event, 1, event_type.as_bytes());
+    put_bytes(&mut event, 2, &raw_ext);
+    let len = u32::try_from(event.len())
+        .map_err(|_| EncodeError::Invalid { kind: "WatchEvent".into(), reason: "event larger than 4 GiB".into() })?;
+    let mut out = len.to_be_bytes().to_vec();
+    out.extend_from_slice(&event);
+    Ok(out)
+}
+
+/// Builds the descriptor set that `schema` (the format of `proto/k8s.schema`, see its header) describes: one
+/// file per package, and for each map field a nested `<Field>Entry` message {1 key, 2 value} marked as a map
+/// entry, the field itself being a repeated field of that message, as protoc represents `map<K, V>`.
+fn descriptor_set(schema: &str) -> Result<FileDescriptorSet, String> {
+    let mut files: Vec<FileDescriptorProto> = Vec::new();
+    for (i, line) in schema.lines().enumerate() {
+        let at = |e: &str| format!("k8s.schema line {}: {e}", i + 1);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            [] => {}
+            [first, ..] if first.starts_with('#') => {}
+            ["package", package] => files.push(FileDescriptorProto {
+                name: Some(format!("{package}.schema")),
+                package: Some((*package).to_string()),
+                syntax: Some("proto2".into()),
+                ..Default::default()
+            }),
+            ["message", name] => {
+                let file = files.last_mut().ok_or_else(|| at("a message before any package"))?;
+                file.message_type.push(DescriptorProto { name: Some((*name).to_string()), ..Default::default() });
+            }
+            [number, name, label, types @ ..] => {
+                let file = files.last_mut().ok_or_else(|| at("a field before any package"))?;
+                let package = file.package().to_string();
+                let msg = file.message_type.last_mut().ok_or_else(|| at("a field before any message"))?;
+                let number: i32 = number.parse().map_err(|_| at("the field number is not a number"))?;
+                match (*label, types) {
+                    ("opt", [ty]) => msg.field.push(schema_field(&package, name, number, Label::Optional, ty)),
+                    ("rep", [ty]) => msg.field.push(schema_field(&package, name, number, Label::Repeated, ty)),
+                    ("map", [key, value]) => {
+                        let entry = map_entry_name(name);
+                        let type_name = format!(".{package}.{}.{entry}", msg.name());
+                        msg.nested_type.push(DescriptorProto {
+                            name: Some(entry),
+                            field: vec![
+                                schema_field(&package, "key", 1, Label::Optional, key),
+                                schema_field(&package, "value", 2, Label::Optional, value),
+                            ],
+                            options: Some(MessageOptions { map_entry: Some(true), ..Default::default() }),
+                            ..Default::default()
+                        });
+                        msg.field.push(FieldDescriptorProto {
+                            name: Some((*name).to_string()),
+                            number: Some(number),
+                            label: Some(Label::Repeated as i32),
+                            r#type: Some(Type::Message as i32),
+                            type_name: Some(type_name),
+                            ..Default::default()
+                        });
+                    }
+                    _ => return Err(at("expected `N NAME opt|rep TYPE` or `N NAME map KEY VALUE`")),
+                }
+            }
+            _ => return Err(at("expected `package P`, `message M` or a field")),
+        }
+    }
+    // Every message type a field names must be in the schema.
+    let mut names = std::collections::HashSet::new();
+    for file in &files {
+        for msg in &file.message_type {
+            let name = format!(".{}.{}", file.package(), msg.name());
+            names.extend(msg.nested_type.iter().map(|n| format!("{name}.{}", n.name())));
+            names.insert(name);
+        }
+    }
+    for file in &files {
+        for msg in &file.message_type {
+            for f in msg.field.iter().chain(msg.nested_type.iter().flat_map(|n| &n.field)) {
+                if f.r#type() == Type::Message && !names.contains(f.type_name()) {
+                    return Err(format!(
+                        "{}.{}: {} names unknown message {}",
+                        file.package(),
+                        msg.name(),
+                        f.name(),
+                        f.type_name()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(FileDescriptorSet { file: files })
+}
+
+/// A field of `proto/k8s.schema`: `ty` is a scalar, a message of `package` (bare name) or a full name.
+fn schema_field(package: &str, name: &str, number: i32, label: Label, ty: &str) -> FieldDescriptorProto {
+    let scalar = match ty {
+        "double" => Some(Type::Double),
+        "float" => Some(Type::Float),
+        "int32" => Some(Type::Int32),
+        "int64" => Some(Type::Int64),
+        "uint32" => Some(Type::Uint32),
+        "uint64" => Some(Type::Uint64),
+        "sint32" => Some(Type::Sint32),
+        "sint64" => Some(Type::Sint64),
+        "fixed32" => Some(Type::Fixed32),
+        "fixed64" => Some(Type::Fixed64),
+        "sfixed32" => Some(Type::Sfixed32),
+        "sfixed64" => Some(Type::Sfixed64),
+        "bool" => Some(Type::Bool),
+        "string" => Some(Type::String),
+        "bytes" => Some(Type::Bytes),
+        _ => None,
+    };
+    let (ty, type_name) = match scalar {
+        Some(t) => (t, None),
+        None if ty.contains('.') => (Type::Message, Some(format!(".{ty}"))),
+        None => (Type::Message, Some(format!(".{package}.{ty}"))),
+    };
+    FieldDescriptorProto {
+        name: Some(name.to_string()),
+        number: Some(number),
+        label: Some(label as i32),
+        r#type: Some(ty as i32),
+        type_name,
+        ..Default::default()
     }
 }
 
-#[derive(Clone, Copy, PartialEq)]
+/// protoc's name for the entry message of map field `field`: `binaryData` → `BinaryDataEntry`.
+fn map_entry_name(field: &str) -> String {
+    let mut out = String::new();
+    let mut upper = true;
+    for c in field.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.push(c.to_ascii_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out + "Entry"
+}
+
+/// A scalar or message type of a field.
+#[derive(Debug, Clone)]
+enum Ty {
+    Str,
+    Bytes,
+    Bool,
+    I32,
+    I64,
+    U32,
+    U64,
+    F32,
+    F64,
+    /// A message, by full name.
+    Msg(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Special {
+    None,
+    Time,
+    MicroTime,
+    Duration,
+    IntOrString,
+    Quantity,
+    FieldsV1,
+    RawExtension,
+    /// `message X { repeated T items = 1; }` standing for a Go `[]T` (`items` in go_facts): a bare array.
+    Items,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Card {
-    /// A Go value with `omitempty`: dropped when zero.
-    Value,
-    /// A Go pointer or required field: kept whenever present.
-    Present,
+    One,
     List,
-    /// `map<string, ty>`: entries {1 key, 2 value}.
+    /// `map<K, V>`: entries {1 key, 2 value}; `ty` is the value's.
     Map,
 }
 
+#[derive(Debug)]
 struct Field {
-    tag: u32,
-    name: &'static str,
+    number: u32,
+    json: String,
     ty: Ty,
     card: Card,
+    /// A zero scalar on the wire stays in JSON.
+    keep_zero: bool,
+    /// A Go embedded struct whose fields are the parent's in JSON.
+    inline: bool,
 }
 
-const fn o(tag: u32, name: &'static str, ty: Ty) -> Field {
-    Field { tag, name, ty, card: Card::Value }
-}
-const fn p(tag: u32, name: &'static str, ty: Ty) -> Field {
-    Field { tag, name, ty, card: Card::Present }
-}
-const fn l(tag: u32, name: &'static str, ty: Ty) -> Field {
-    Field { tag, name, ty, card: Card::List }
-}
-const fn m(tag: u32, name: &'static str, ty: Ty) -> Field {
-    Field { tag, name, ty, card: Card::Map }
-}
-const fn inline(tag: u32, fields: &'static [Field]) -> Field {
-    Field { tag, name: "", ty: Ty::Inline(fields), card: Card::Value }
+#[derive(Debug)]
+struct Message {
+    fields: Vec<Field>,
+    special: Special,
 }
 
-use Ty::{Bool, Bytes, FieldsV1, I32, I64, IntOrStr, MicroTime, Msg, Quantity, Str, Time};
-
-// meta/v1
-const OWNER_REF: &[Field] = &[
-    p(5, "apiVersion", Str),
-    p(1, "kind", Str),
-    p(3, "name", Str),
-    p(4, "uid", Str),
-    p(6, "controller", Bool),
-    p(7, "blockOwnerDeletion", Bool),
-];
-const MANAGED_FIELDS: &[Field] = &[
-    o(1, "manager", Str),
-    o(2, "operation", Str),
-    o(3, "apiVersion", Str),
-    p(4, "time", Time),
-    o(6, "fieldsType", Str),
-    p(7, "fieldsV1", FieldsV1),
-    o(8, "subresource", Str),
-];
-const META: &[Field] = &[
-    o(1, "name", Str),
-    o(2, "generateName", Str),
-    o(3, "namespace", Str),
-    o(4, "selfLink", Str),
-    o(5, "uid", Str),
-    o(6, "resourceVersion", Str),
-    o(7, "generation", I64),
-    o(8, "creationTimestamp", Time),
-    p(9, "deletionTimestamp", Time),
-    p(10, "deletionGracePeriodSeconds", I64),
-    m(11, "labels", Str),
-    m(12, "annotations", Str),
-    l(13, "ownerReferences", Msg(OWNER_REF)),
-    l(14, "finalizers", Str),
-    l(17, "managedFields", Msg(MANAGED_FIELDS)),
-];
-const SELECTOR_REQ: &[Field] = &[p(1, "key", Str), p(2, "operator", Str), l(3, "values", Str)];
-const SELECTOR: &[Field] = &[m(1, "matchLabels", Str), l(2, "matchExpressions", Msg(SELECTOR_REQ))];
-const META_CONDITION: &[Field] = &[
-    p(1, "type", Str),
-    p(2, "status", Str),
-    o(3, "observedGeneration", I64),
-    p(4, "lastTransitionTime", Time),
-    p(5, "reason", Str),
-    p(6, "message", Str),
-];
-/// JobCondition, PodCondition (+observedGeneration 7) and friends.
-const PROBED_CONDITION: &[Field] = &[
-    p(1, "type", Str),
-    p(2, "status", Str),
-    o(7, "observedGeneration", I64),
-    o(3, "lastProbeTime", Time),
-    o(4, "lastTransitionTime", Time),
-    o(5, "reason", Str),
-    o(6, "message", Str),
-];
-
-// core/v1 small pieces
-const NAME: &[Field] = &[p(1, "name", Str)];
-const LOCAL_REF: &[Field] = &[o(1, "name", Str)];
-const NAME_VALUE: &[Field] = &[p(1, "name", Str), p(2, "value", Str)];
-const IP: &[Field] = &[p(1, "ip", Str)];
-const OBJECT_REF: &[Field] = &[
-    o(1, "kind", Str),
-    o(2, "namespace", Str),
-    o(3, "name", Str),
-    o(4, "uid", Str),
-    o(5, "apiVersion", Str),
-    o(6, "resourceVersion", Str),
-    o(7, "fieldPath", Str),
-];
-const NS_CONDITION: &[Field] = &[
-    p(1, "type", Str),
-    p(2, "status", Str),
-    o(4, "lastTransitionTime", Time),
-    o(5, "reason", Str),
-    o(6, "message", Str),
-];
-
-// Containers
-const PORT: &[Field] =
-    &[o(1, "name", Str), o(2, "hostPort", I32), p(3, "containerPort", I32), o(4, "protocol", Str), o(5, "hostIP", Str)];
-const REF_OPTIONAL: &[Field] = &[inline(1, LOCAL_REF), p(2, "optional", Bool)];
-const ENV_FROM: &[Field] =
-    &[o(1, "prefix", Str), p(2, "configMapRef", Msg(REF_OPTIONAL)), p(3, "secretRef", Msg(REF_OPTIONAL))];
-const KEY_SELECTOR: &[Field] = &[inline(1, LOCAL_REF), p(2, "key", Str), p(3, "optional", Bool)];
-const ENV_SOURCE: &[Field] = &[
-    p(1, "fieldRef", Msg(&[o(1, "apiVersion", Str), p(2, "fieldPath", Str)])),
-    p(2, "resourceFieldRef", Msg(&[o(1, "containerName", Str), p(2, "resource", Str), o(3, "divisor", Quantity)])),
-    p(3, "configMapKeyRef", Msg(KEY_SELECTOR)),
-    p(4, "secretKeyRef", Msg(KEY_SELECTOR)),
-];
-const ENV: &[Field] = &[p(1, "name", Str), o(2, "value", Str), p(3, "valueFrom", Msg(ENV_SOURCE))];
-const RESOURCES: &[Field] = &[
-    m(1, "limits", Quantity),
-    m(2, "requests", Quantity),
-    l(3, "claims", Msg(&[p(1, "name", Str), o(2, "request", Str)])),
-];
-const VOLUME_MOUNT: &[Field] = &[
-    p(1, "name", Str),
-    o(2, "readOnly", Bool),
-    p(7, "recursiveReadOnly", Str),
-    p(3, "mountPath", Str),
-    o(4, "subPath", Str),
-    p(5, "mountPropagation", Str),
-    o(6, "subPathExpr", Str),
-];
-const EXEC: &[Field] = &[l(1, "command", Str)];
-const HTTP_GET: &[Field] = &[
-    o(1, "path", Str),
-    p(2, "port", IntOrStr),
-    o(3, "host", Str),
-    o(4, "scheme", Str),
-    l(5, "httpHeaders", Msg(NAME_VALUE)),
-];
-const TCP_SOCKET: &[Field] = &[p(1, "port", IntOrStr), o(2, "host", Str)];
-const PROBE_HANDLER: &[Field] = &[
-    p(1, "exec", Msg(EXEC)),
-    p(2, "httpGet", Msg(HTTP_GET)),
-    p(3, "tcpSocket", Msg(TCP_SOCKET)),
-    p(4, "grpc", Msg(&[p(1, "port", I32), p(2, "service", Str)])),
-];
-const PROBE: &[Field] = &[
-    inline(1, PROBE_HANDLER),
-    o(2, "initialDelaySeconds", I32),
-    o(3, "timeoutSeconds", I32),
-    o(4, "periodSeconds", I32),
-    o(5, "successThreshold", I32),
-    o(6, "failureThreshold", I32),
-    p(7, "terminationGracePeriodSeconds", I64),
-];
-const LIFECYCLE_HANDLER: &[Field] = &[
-    p(1, "exec", Msg(EXEC)),
-    p(2, "httpGet", Msg(HTTP_GET)),
-    p(3, "tcpSocket", Msg(TCP_SOCKET)),
-    p(4, "sleep", Msg(&[p(1, "seconds", I64)])),
-];
-const LIFECYCLE: &[Field] =
-    &[p(1, "postStart", Msg(LIFECYCLE_HANDLER)), p(2, "preStop", Msg(LIFECYCLE_HANDLER)), p(3, "stopSignal", Str)];
-const SECCOMP: &[Field] = &[p(1, "type", Str), p(2, "localhostProfile", Str)];
-const SECURITY_CONTEXT: &[Field] = &[
-    p(1, "capabilities", Msg(&[l(1, "add", Str), l(2, "drop", Str)])),
-    p(2, "privileged", Bool),
-    p(4, "runAsUser", I64),
-    p(8, "runAsGroup", I64),
-    p(5, "runAsNonRoot", Bool),
-    p(6, "readOnlyRootFilesystem", Bool),
-    p(7, "allowPrivilegeEscalation", Bool),
-    p(9, "procMount", Str),
-    p(11, "seccompProfile", Msg(SECCOMP)),
-];
-const CONTAINER: &[Field] = &[
-    p(1, "name", Str),
-    o(2, "image", Str),
-    l(3, "command", Str),
-    l(4, "args", Str),
-    o(5, "workingDir", Str),
-    l(6, "ports", Msg(PORT)),
-    l(19, "envFrom", Msg(ENV_FROM)),
-    l(7, "env", Msg(ENV)),
-    o(8, "resources", Msg(RESOURCES)),
-    p(24, "restartPolicy", Str),
-    l(9, "volumeMounts", Msg(VOLUME_MOUNT)),
-    p(10, "livenessProbe", Msg(PROBE)),
-    p(11, "readinessProbe", Msg(PROBE)),
-    p(22, "startupProbe", Msg(PROBE)),
-    p(12, "lifecycle", Msg(LIFECYCLE)),
-    o(13, "terminationMessagePath", Str),
-    o(20, "terminationMessagePolicy", Str),
-    o(14, "imagePullPolicy", Str),
-    p(15, "securityContext", Msg(SECURITY_CONTEXT)),
-    o(16, "stdin", Bool),
-    o(17, "stdinOnce", Bool),
-    o(18, "tty", Bool),
-];
-
-// Pods
-const KEY_TO_PATH: &[Field] = &[p(1, "key", Str), p(2, "path", Str), p(3, "mode", I32)];
-const VOLUME_SOURCE: &[Field] = &[
-    p(1, "hostPath", Msg(&[p(1, "path", Str), p(2, "type", Str)])),
-    p(2, "emptyDir", Msg(&[o(1, "medium", Str), p(2, "sizeLimit", Quantity)])),
-    p(
-        6,
-        "secret",
-        Msg(&[
-            o(1, "secretName", Str),
-            l(2, "items", Msg(KEY_TO_PATH)),
-            p(3, "defaultMode", I32),
-            p(4, "optional", Bool),
-        ]),
-    ),
-    p(10, "persistentVolumeClaim", Msg(&[p(1, "claimName", Str), o(2, "readOnly", Bool)])),
-    p(
-        19,
-        "configMap",
-        Msg(&[inline(1, LOCAL_REF), l(2, "items", Msg(KEY_TO_PATH)), p(3, "defaultMode", I32), p(4, "optional", Bool)]),
-    ),
-];
-const TOLERATION: &[Field] =
-    &[o(1, "key", Str), o(2, "operator", Str), o(3, "value", Str), o(4, "effect", Str), p(5, "tolerationSeconds", I64)];
-const POD_SECURITY_CONTEXT: &[Field] = &[
-    p(2, "runAsUser", I64),
-    p(6, "runAsGroup", I64),
-    p(3, "runAsNonRoot", Bool),
-    l(4, "supplementalGroups", I64),
-    p(12, "supplementalGroupsPolicy", Str),
-    p(5, "fsGroup", I64),
-    l(7, "sysctls", Msg(NAME_VALUE)),
-    p(9, "fsGroupChangePolicy", Str),
-    p(10, "seccompProfile", Msg(SECCOMP)),
-];
-const DNS_CONFIG: &[Field] =
-    &[l(1, "nameservers", Str), l(2, "searches", Str), l(3, "options", Msg(&[o(1, "name", Str), p(2, "value", Str)]))];
-const POD_SPEC: &[Field] = &[
-    l(1, "volumes", Msg(&[p(1, "name", Str), inline(2, VOLUME_SOURCE)])),
-    l(20, "initContainers", Msg(CONTAINER)),
-    l(2, "containers", Msg(CONTAINER)),
-    o(3, "restartPolicy", Str),
-    p(4, "terminationGracePeriodSeconds", I64),
-    p(5, "activeDeadlineSeconds", I64),
-    o(6, "dnsPolicy", Str),
-    m(7, "nodeSelector", Str),
-    o(8, "serviceAccountName", Str),
-    o(9, "serviceAccount", Str),
-    p(21, "automountServiceAccountToken", Bool),
-    o(10, "nodeName", Str),
-    o(11, "hostNetwork", Bool),
-    o(12, "hostPID", Bool),
-    o(13, "hostIPC", Bool),
-    p(27, "shareProcessNamespace", Bool),
-    p(14, "securityContext", Msg(POD_SECURITY_CONTEXT)),
-    l(15, "imagePullSecrets", Msg(LOCAL_REF)),
-    o(16, "hostname", Str),
-    o(17, "subdomain", Str),
-    o(19, "schedulerName", Str),
-    l(22, "tolerations", Msg(TOLERATION)),
-    l(23, "hostAliases", Msg(&[p(1, "ip", Str), l(2, "hostnames", Str)])),
-    o(24, "priorityClassName", Str),
-    p(25, "priority", I32),
-    p(26, "dnsConfig", Msg(DNS_CONFIG)),
-    l(28, "readinessGates", Msg(&[p(1, "conditionType", Str)])),
-    p(29, "runtimeClassName", Str),
-    p(30, "enableServiceLinks", Bool),
-    p(31, "preemptionPolicy", Str),
-    m(32, "overhead", Quantity),
-    p(35, "setHostnameAsFQDN", Bool),
-    p(36, "os", Msg(NAME)),
-    p(37, "hostUsers", Bool),
-    l(38, "schedulingGates", Msg(NAME)),
-    p(40, "resources", Msg(RESOURCES)),
-    p(41, "hostnameOverride", Str),
-];
-const POD_STATUS: &[Field] = &[
-    o(17, "observedGeneration", I64),
-    o(1, "phase", Str),
-    l(2, "conditions", Msg(PROBED_CONDITION)),
-    o(3, "message", Str),
-    o(4, "reason", Str),
-    o(11, "nominatedNodeName", Str),
-    o(5, "hostIP", Str),
-    l(16, "hostIPs", Msg(IP)),
-    o(6, "podIP", Str),
-    l(12, "podIPs", Msg(IP)),
-    p(7, "startTime", Time),
-    o(9, "qosClass", Str),
-    o(14, "resize", Str),
-];
-const POD_TEMPLATE_SPEC: &[Field] = &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(POD_SPEC))];
-
-// Services
-const SERVICE_PORT: &[Field] = &[
-    o(1, "name", Str),
-    o(2, "protocol", Str),
-    p(6, "appProtocol", Str),
-    p(3, "port", I32),
-    o(4, "targetPort", IntOrStr),
-    o(5, "nodePort", I32),
-];
-const SERVICE_SPEC: &[Field] = &[
-    l(1, "ports", Msg(SERVICE_PORT)),
-    m(2, "selector", Str),
-    o(3, "clusterIP", Str),
-    l(18, "clusterIPs", Str),
-    o(4, "type", Str),
-    l(5, "externalIPs", Str),
-    o(7, "sessionAffinity", Str),
-    o(8, "loadBalancerIP", Str),
-    l(9, "loadBalancerSourceRanges", Str),
-    o(10, "externalName", Str),
-    o(11, "externalTrafficPolicy", Str),
-    o(12, "healthCheckNodePort", I32),
-    o(13, "publishNotReadyAddresses", Bool),
-    p(14, "sessionAffinityConfig", Msg(&[p(1, "clientIP", Msg(&[p(1, "timeoutSeconds", I32)]))])),
-    l(19, "ipFamilies", Str),
-    p(17, "ipFamilyPolicy", Str),
-    p(20, "allocateLoadBalancerNodePorts", Bool),
-    p(21, "loadBalancerClass", Str),
-    p(22, "internalTrafficPolicy", Str),
-    p(23, "trafficDistribution", Str),
-];
-const LB_INGRESS: &[Field] = &[o(1, "ip", Str), o(2, "hostname", Str), p(3, "ipMode", Str)];
-const SERVICE_STATUS: &[Field] =
-    &[o(1, "loadBalancer", Msg(&[l(1, "ingress", Msg(LB_INGRESS))])), l(2, "conditions", Msg(META_CONDITION))];
-
-// apps/v1
-const DEPLOYMENT_SPEC: &[Field] = &[
-    p(1, "replicas", I32),
-    p(2, "selector", Msg(SELECTOR)),
-    o(3, "template", Msg(POD_TEMPLATE_SPEC)),
-    o(
-        4,
-        "strategy",
-        Msg(&[
-            o(1, "type", Str),
-            p(2, "rollingUpdate", Msg(&[p(1, "maxUnavailable", IntOrStr), p(2, "maxSurge", IntOrStr)])),
-        ]),
-    ),
-    o(5, "minReadySeconds", I32),
-    p(6, "revisionHistoryLimit", I32),
-    o(7, "paused", Bool),
-    p(9, "progressDeadlineSeconds", I32),
-];
-const DEPLOYMENT_CONDITION: &[Field] = &[
-    p(1, "type", Str),
-    p(2, "status", Str),
-    o(6, "lastUpdateTime", Time),
-    o(7, "lastTransitionTime", Time),
-    o(4, "reason", Str),
-    o(5, "message", Str),
-];
-const DEPLOYMENT_STATUS: &[Field] = &[
-    o(1, "observedGeneration", I64),
-    o(2, "replicas", I32),
-    o(3, "updatedReplicas", I32),
-    o(7, "readyReplicas", I32),
-    o(4, "availableReplicas", I32),
-    o(5, "unavailableReplicas", I32),
-    p(9, "terminatingReplicas", I32),
-    l(6, "conditions", Msg(DEPLOYMENT_CONDITION)),
-    p(8, "collisionCount", I32),
-];
-const REPLICA_SET_SPEC: &[Field] = &[
-    p(1, "replicas", I32),
-    o(4, "minReadySeconds", I32),
-    p(2, "selector", Msg(SELECTOR)),
-    o(3, "template", Msg(POD_TEMPLATE_SPEC)),
-];
-const REPLICA_SET_STATUS: &[Field] = &[
-    p(1, "replicas", I32),
-    o(2, "fullyLabeledReplicas", I32),
-    o(4, "readyReplicas", I32),
-    o(5, "availableReplicas", I32),
-    p(7, "terminatingReplicas", I32),
-    o(3, "observedGeneration", I64),
-    l(6, "conditions", Msg(NS_CONDITION_3)),
-];
-/// ReplicaSetCondition: like NamespaceCondition but lastTransitionTime is field 3.
-const NS_CONDITION_3: &[Field] = &[
-    p(1, "type", Str),
-    p(2, "status", Str),
-    o(3, "lastTransitionTime", Time),
-    o(4, "reason", Str),
-    o(5, "message", Str),
-];
-
-// batch/v1
-const JOB_SPEC: &[Field] = &[
-    p(1, "parallelism", I32),
-    p(2, "completions", I32),
-    p(3, "activeDeadlineSeconds", I64),
-    p(7, "backoffLimit", I32),
-    p(12, "backoffLimitPerIndex", I32),
-    p(13, "maxFailedIndexes", I32),
-    p(4, "selector", Msg(SELECTOR)),
-    p(5, "manualSelector", Bool),
-    o(6, "template", Msg(POD_TEMPLATE_SPEC)),
-    p(8, "ttlSecondsAfterFinished", I32),
-    p(9, "completionMode", Str),
-    p(10, "suspend", Bool),
-    p(14, "podReplacementPolicy", Str),
-    p(15, "managedBy", Str),
-];
-const JOB_STATUS: &[Field] = &[
-    l(1, "conditions", Msg(PROBED_CONDITION)),
-    p(2, "startTime", Time),
-    p(3, "completionTime", Time),
-    o(4, "active", I32),
-    o(5, "succeeded", I32),
-    o(6, "failed", I32),
-    p(11, "terminating", I32),
-    o(7, "completedIndexes", Str),
-    p(10, "failedIndexes", Str),
-    p(9, "ready", I32),
-];
-const CRON_JOB_SPEC: &[Field] = &[
-    p(1, "schedule", Str),
-    p(8, "timeZone", Str),
-    p(2, "startingDeadlineSeconds", I64),
-    o(3, "concurrencyPolicy", Str),
-    p(4, "suspend", Bool),
-    o(5, "jobTemplate", Msg(&[o(1, "metadata", Msg(META)), o(2, "spec", Msg(JOB_SPEC))])),
-    p(6, "successfulJobsHistoryLimit", I32),
-    p(7, "failedJobsHistoryLimit", I32),
-];
-const CRON_JOB_STATUS: &[Field] =
-    &[l(1, "active", Msg(OBJECT_REF)), p(4, "lastScheduleTime", Time), p(5, "lastSuccessfulTime", Time)];
-
-// rbac.authorization.k8s.io/v1
-const POLICY_RULE: &[Field] = &[
-    l(1, "verbs", Str),
-    l(2, "apiGroups", Str),
-    l(3, "resources", Str),
-    l(4, "resourceNames", Str),
-    l(5, "nonResourceURLs", Str),
-];
-const SUBJECT: &[Field] = &[p(1, "kind", Str), o(2, "apiGroup", Str), p(3, "name", Str), o(4, "namespace", Str)];
-const ROLE_REF: &[Field] = &[p(1, "apiGroup", Str), p(2, "kind", Str), p(3, "name", Str)];
-
-// Kinds
-const NAMESPACE: &[Field] = &[
-    o(1, "metadata", Msg(META)),
-    o(2, "spec", Msg(&[l(1, "finalizers", Str)])),
-    o(3, "status", Msg(&[o(1, "phase", Str), l(2, "conditions", Msg(NS_CONDITION))])),
-];
-const CONFIG_MAP: &[Field] =
-    &[o(1, "metadata", Msg(META)), p(4, "immutable", Bool), m(2, "data", Str), m(3, "binaryData", Bytes)];
-const SECRET: &[Field] = &[
-    o(1, "metadata", Msg(META)),
-    p(5, "immutable", Bool),
-    m(2, "data", Bytes),
-    m(4, "stringData", Str),
-    o(3, "type", Str),
-];
-const SERVICE_ACCOUNT: &[Field] = &[
-    o(1, "metadata", Msg(META)),
-    l(2, "secrets", Msg(OBJECT_REF)),
-    l(3, "imagePullSecrets", Msg(LOCAL_REF)),
-    p(4, "automountServiceAccountToken", Bool),
-];
-const POD: &[Field] = &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(POD_SPEC)), o(3, "status", Msg(POD_STATUS))];
-const POD_TEMPLATE: &[Field] = &[o(1, "metadata", Msg(META)), o(2, "template", Msg(POD_TEMPLATE_SPEC))];
-const SERVICE: &[Field] =
-    &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(SERVICE_SPEC)), o(3, "status", Msg(SERVICE_STATUS))];
-const DEPLOYMENT: &[Field] =
-    &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(DEPLOYMENT_SPEC)), o(3, "status", Msg(DEPLOYMENT_STATUS))];
-const REPLICA_SET: &[Field] =
-    &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(REPLICA_SET_SPEC)), o(3, "status", Msg(REPLICA_SET_STATUS))];
-const JOB: &[Field] = &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(JOB_SPEC)), o(3, "status", Msg(JOB_STATUS))];
-const CRON_JOB: &[Field] =
-    &[o(1, "metadata", Msg(META)), o(2, "spec", Msg(CRON_JOB_SPEC)), o(3, "status", Msg(CRON_JOB_STATUS))];
-const ROLE: &[Field] = &[o(1, "metadata", Msg(META)), l(2, "rules", Msg(POLICY_RULE))];
-const CLUSTER_ROLE: &[Field] = &[
-    o(1, "metadata", Msg(META)),
-    l(2, "rules", Msg(POLICY_RULE)),
-    p(3, "aggregationRule", Msg(&[l(1, "clusterRoleSelectors", Msg(SELECTOR))])),
-];
-const BINDING: &[Field] =
-    &[o(1, "metadata", Msg(META)), l(2, "subjects", Msg(SUBJECT)), o(3, "roleRef", Msg(ROLE_REF))];
-const LEASE: &[Field] = &[
-    o(1, "metadata", Msg(META)),
-    o(
-        2,
-        "spec",
-        Msg(&[
-            p(1, "holderIdentity", Str),
-            p(2, "leaseDurationSeconds", I32),
-            p(3, "acquireTime", MicroTime),
-            p(4, "renewTime", MicroTime),
-            p(5, "leaseTransitions", I32),
-            p(6, "strategy", Str),
-            p(7, "preferredHolder", Str),
-        ]),
-    ),
-];
-
-const RBAC: &str = "rbac.authorization.k8s.io/v1";
-const KINDS: &[(&str, &str, &[Field])] = &[
-    ("v1", "Namespace", NAMESPACE),
-    ("v1", "ConfigMap", CONFIG_MAP),
-    ("v1", "Secret", SECRET),
-    ("v1", "ServiceAccount", SERVICE_ACCOUNT),
-    ("v1", "Pod", POD),
-    ("v1", "PodTemplate", POD_TEMPLATE),
-    ("v1", "Service", SERVICE),
-    ("apps/v1", "Deployment", DEPLOYMENT),
-    ("apps/v1", "ReplicaSet", REPLICA_SET),
-    ("batch/v1", "Job", JOB),
-    ("batch/v1", "CronJob", CRON_JOB),
-    (RBAC, "Role", ROLE),
-    (RBAC, "ClusterRole", CLUSTER_ROLE),
-    (RBAC, "RoleBinding", BINDING),
-    (RBAC, "ClusterRoleBinding", BINDING),
-    ("coordination.k8s.io/v1", "Lease", LEASE),
-];
-
-/// Decodes one message's fields into `out` (the parent object for inlined structs).
-fn decode_fields(buf: &[u8], fields: &[Field], out: &mut Map<String, Value>) -> Result<(), String> {
-    let mut r = Reader { buf };
-    while !r.done() {
-        let (tag, wire) = r.key()?;
-        match fields.iter().find(|f| f.tag == tag) {
-            Some(f) => field(&mut r, f, wire, out).map_err(|e| match f.name {
-                "" => e,
-                name => format!("{name}: {e}"),
-            })?,
-            None => r.skip(wire)?,
-        }
-    }
-    Ok(())
+/// The descriptors, indexed by message full name (no leading dot).
+struct Schema {
+    messages: HashMap<String, Message>,
 }
 
-fn field(r: &mut Reader, f: &Field, wire: u8, out: &mut Map<String, Value>) -> Result<(), String> {
-    match (f.card, f.ty) {
-        (_, Ty::Inline(sub)) => decode_fields(expect_len(r, wire)?, sub, out),
-        (Card::List, ty) if ty.is_varint() && wire == 2 => {
-            // A packed repeated scalar.
-            let mut packed = Reader { buf: r.bytes()? };
-            while !packed.done() {
-                push(out, f.name, value(&mut packed, 0, ty)?)?;
+impl Schema {
+    fn load(set: &FileDescriptorSet, go_facts: &str) -> Result<Self, String> {
+        let mut keep = std::collections::HashSet::new();
+        let mut inline = std::collections::HashSet::new();
+        let mut rename = HashMap::new();
+        let mut items = std::collections::HashSet::new();
+        for line in go_facts.lines() {
+            let mut words = line.split(' ');
+            match (words.next(), words.next(), words.next(), words.next()) {
+                (Some("keep"), Some(m), Some(f), _) => drop(keep.insert((m, f))),
+                (Some("inline"), Some(m), Some(f), _) => drop(inline.insert((m, f))),
+                (Some("rename"), Some(m), Some(f), Some(j)) if !j.is_empty() => drop(rename.insert((m, f), j)),
+                (Some("items"), Some(m), _, _) => drop(items.insert(m)),
+                _ => {}
             }
-            Ok(())
         }
-        (Card::List, ty) => push(out, f.name, value(r, wire, ty)?),
-        (Card::Map, ty) => {
-            let mut entry = Reader { buf: expect_len(r, wire)? };
-            let (mut key, mut val) = (String::new(), None);
-            while !entry.done() {
-                match entry.key()? {
-                    (1, w) => key = utf8(expect_len(&mut entry, w)?)?,
-                    (2, w) => val = Some(value(&mut entry, w, ty)?),
-                    (_, w) => entry.skip(w)?,
+        // Map entry messages first: a field of that type is a map of its value.
+        let mut map_values = HashMap::new();
+        let mut all = Vec::new();
+        for file in &set.file {
+            let package = file.package();
+            for msg in &file.message_type {
+                let name = format!("{package}.{}", msg.name());
+                for nested in &msg.nested_type {
+                    let nested_name = format!("{name}.{}", nested.name());
+                    if nested.options.as_ref().and_then(|o| o.map_entry) == Some(true) {
+                        let value = nested.field.iter().find(|f| f.number() == 2).ok_or("map entry without value")?;
+                        map_values.insert(nested_name, value.clone());
+                    }
                 }
+                all.push((name, msg));
             }
-            let map = out.entry(f.name).or_insert_with(|| Value::Object(Map::new()));
-            let Value::Object(map) = map else { return Err("not a map".into()) };
-            map.insert(key, val.unwrap_or_else(|| zero(ty)));
-            Ok(())
         }
-        (card, ty) => {
-            let v = value(r, wire, ty)?;
-            let scalar = matches!(ty, Str | I32 | I64 | Bool | Bytes | IntOrStr);
-            if card == Card::Value && scalar && is_zero(&v) {
-                out.remove(f.name);
-            } else {
-                out.insert(f.name.into(), v);
+        let ty_of = |f: &prost_types::FieldDescriptorProto| -> Result<Ty, String> {
+            Ok(match f.r#type() {
+                Type::String => Ty::Str,
+                Type::Bytes => Ty::Bytes,
+                Type::Bool => Ty::Bool,
+                Type::Int32 | Type::Sint32 | Type::Sfixed32 => Ty::I32,
+                Type::Int64 | Type::Sint64 | Type::Sfixed64 => Ty::I64,
+                Type::Uint32 | Type::Fixed32 => Ty::U32,
+                Type::Uint64 | Type::Fixed64 => Ty::U64,
+                Type::Float => Ty::F32,
+                Type::Double => Ty::F64,
+                Type::Message => Ty::Msg(f.type_name().trim_start_matches('.').to_string()),
+                t => return Err(format!("field {} has unsupported type {t:?}", f.name())),
+            })
+        };
+        let mut messages = HashMap::new();
+        for (name, msg) in all {
+            let mut fields = Vec::new();
+            for f in &msg.field {
+                let key = (name.as_str(), f.name());
+                let (ty, card) = match map_values.get(f.type_name().trim_start_matches('.')) {
+                    Some(value) => (ty_of(value)?, Card::Map),
+                    None if f.label() == Label::Repeated => (ty_of(f)?, Card::List),
+                    None => (ty_of(f)?, Card::One),
+                };
+                fields.push(Field {
+                    number: u32::try_from(f.number()).map_err(|_| "negative field number")?,
+                    json: rename.get(&key).map_or_else(|| f.name().to_string(), |j| (*j).to_string()),
+                    ty,
+                    card,
+                    keep_zero: keep.contains(&key),
+                    inline: inline.contains(&key),
+                });
             }
-            Ok(())
+            let special = match name.as_str() {
+                "k8s.io.apimachinery.pkg.apis.meta.v1.Time" => Special::Time,
+                "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime" => Special::MicroTime,
+                "k8s.io.apimachinery.pkg.apis.meta.v1.Duration" => Special::Duration,
+                "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1" => Special::FieldsV1,
+                "k8s.io.apimachinery.pkg.util.intstr.IntOrString" => Special::IntOrString,
+                "k8s.io.apimachinery.pkg.api.resource.Quantity" => Special::Quantity,
+                "k8s.io.apimachinery.pkg.runtime.RawExtension" => Special::RawExtension,
+                n if items.contains(n) && fields.len() == 1 && fields[0].card == Card::List => Special::Items,
+                _ => Special::None,
+            };
+            messages.insert(name, Message { fields, special });
         }
+        Ok(Schema { messages })
     }
-}
 
-fn value(r: &mut Reader, wire: u8, ty: Ty) -> Result<Value, String> {
-    if ty.is_varint() {
-        if wire != 0 {
-            return Err(format!("wire type {wire} where a varint was expected"));
-        }
-        let v = r.varint()?;
-        // proto int32/int64 are two's complement varints; int32 is sign-extended to 64 bits.
-        return Ok(match ty {
-            Bool => Value::Bool(v != 0),
-            I32 => Value::from(v as i64 as i32),
-            _ => Value::from(v as i64),
-        });
+    /// The message of a top-level object: its group's package, then meta/v1 (DeleteOptions, Status, …).
+    fn find(&self, api_version: &str, kind: &str) -> Option<&Message> {
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let in_group = GROUP_PACKAGES
+            .iter()
+            .find(|(g, _)| *g == group)
+            .and_then(|(_, package)| self.messages.get(&format!("{package}.{version}.{kind}")));
+        // Options travel with the typeMeta of the resource's group, custom groups included.
+        let builtin = group.is_empty()
+            || group == "meta.k8s.io"
+            || GROUP_PACKAGES.iter().any(|(g, _)| *g == group)
+            || OPTIONS_KINDS.contains(&kind);
+        in_group
+            .or_else(|| builtin.then(|| self.messages.get(&format!("{META_PACKAGE}.{kind}"))).flatten())
+            .filter(|m| m.special == Special::None)
     }
-    let buf = expect_len(r, wire)?;
-    Ok(match ty {
-        Str => Value::String(utf8(buf)?),
-        Bytes => Value::String(base64::engine::general_purpose::STANDARD.encode(buf)),
-        Msg(sub) => {
-            let mut obj = Map::new();
-            decode_fields(buf, sub, &mut obj)?;
-            Value::Object(obj)
-        }
-        Time | MicroTime => time(buf, matches!(ty, MicroTime))?,
-        Quantity => sub_field(buf, &p(1, "s", Str))?.unwrap_or_else(|| "0".into()),
-        IntOrStr => {
-            let mut obj = Map::new();
-            decode_fields(buf, &[p(1, "type", I64), p(2, "intVal", I32), p(3, "strVal", Str)], &mut obj)?;
-            match obj.get("type").and_then(Value::as_i64).unwrap_or(0) {
-                0 => obj.remove("intVal").unwrap_or_else(|| 0.into()),
-                1 => obj.remove("strVal").unwrap_or_else(|| "".into()),
-                t => return Err(format!("IntOrString has unknown type {t}")),
+
+    fn message(&self, name: &str) -> Result<&Message, String> {
+        self.messages.get(name).ok_or_else(|| format!("no descriptor for {name}"))
+    }
+
+    /// Decodes one message's fields into `out` (the parent object for inlined structs).
+    fn decode_fields(&self, msg: &Message, buf: &[u8], out: &mut Map<String, Value>) -> Result<(), String> {
+        let mut r = Reader { buf };
+        while !r.done() {
+            let (tag, wire) = r.key()?;
+            match msg.fields.iter().find(|f| f.number == tag) {
+                Some(f) => self.field(&mut r, f, wire, out).map_err(|e| match f.inline {
+                    true => e,
+                    false => format!("{}: {e}", f.json),
+                })?,
+                None => r.skip(wire)?,
             }
         }
-        FieldsV1 => {
+        Ok(())
+    }
+
+    fn field(&self, r: &mut Reader, f: &Field, wire: u8, out: &mut Map<String, Value>) -> Result<(), String> {
+        if f.inline {
+            let Ty::Msg(name) = &f.ty else { return Err("inline field is not a message".into()) };
+            return self.decode_fields(self.message(name)?, expect_len(r, wire)?, out);
+        }
+        match f.card {
+            Card::List if f.ty.is_fixed_or_varint() && wire == 2 => {
+                // A packed repeated scalar.
+                let mut packed = Reader { buf: r.bytes()? };
+                while !packed.done() {
+                    let wire = if f.ty.is_varint() { 0 } else { f.ty.fixed_wire() };
+                    push(out, &f.json, self.value(&mut packed, wire, &f.ty)?)?;
+                }
+                Ok(())
+            }
+            Card::List => push(out, &f.json, self.value(r, wire, &f.ty)?),
+            Card::Map => {
+                let mut entry = Reader { buf: expect_len(r, wire)? };
+                let (mut key, mut val) = (String::new(), None);
+                while !entry.done() {
+                    match entry.key()? {
+                        (1, 2) => key = utf8(entry.bytes()?)?,
+                        (1, 0) => key = entry.varint()?.to_string(),
+                        (2, w) => val = Some(self.value(&mut entry, w, &f.ty)?),
+                        (_, w) => entry.skip(w)?,
+                    }
+                }
+                let val = match val {
+                    Some(v) => v,
+                    None => self.zero(&f.ty)?,
+                };
+                let map = out.entry(f.json.as_str()).or_insert_with(|| Value::Object(Map::new()));
+                let Value::Object(map) = map else { return Err("not a map".into()) };
+                map.insert(key, val);
+                Ok(())
+            }
+            Card::One => {
+                let v = self.value(r, wire, &f.ty)?;
+                let scalar = !matches!(f.ty, Ty::Msg(_));
+                if scalar && !f.keep_zero && is_zero(&v) {
+                    out.remove(&f.json);
+                } else {
+                    out.insert(f.json.clone(), v);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn value(&self, r: &mut Reader, wire: u8, ty: &Ty) -> Result<Value, String> {
+        let want = match ty {
+            Ty::Bool | Ty::I32 | Ty::I64 | Ty::U32 | Ty::U64 => 0,
+            Ty::F32 => 5,
+            Ty::F64 => 1,
+            Ty::Str | Ty::Bytes | Ty::Msg(_) => 2,
+        };
+        if wire != want {
+            return Err(format!("wire type {wire} where {want} was expected"));
+        }
+        Ok(match ty {
+            // proto int32/int64 are two's complement varints; int32 is sign-extended to 64 bits.
+            Ty::Bool => Value::Bool(r.varint()? != 0),
+            Ty::I32 => Value::from(r.varint()? as i64 as i32),
+            Ty::I64 => Value::from(r.varint()? as i64),
+            Ty::U32 => Value::from(r.varint()? as u32),
+            Ty::U64 => Value::from(r.varint()?),
+            Ty::F32 => Value::from(f64::from(f32::from_le_bytes(fixed(r.take(4)?)?))),
+            Ty::F64 => Value::from(f64::from_le_bytes(fixed(r.take(8)?)?)),
+            Ty::Str => Value::String(utf8(r.bytes()?)?),
+            Ty::Bytes => Value::String(base64::engine::general_purpose::STANDARD.encode(r.bytes()?)),
+            Ty::Msg(name) => self.message_value(self.message(name)?, r.bytes()?)?,
+        })
+    }
+
+    fn message_value(&self, msg: &Message, buf: &[u8]) -> Result<Value, String> {
+        let mut obj = Map::new();
+        if msg.special == Special::FieldsV1 || msg.special == Special::RawExtension {
+            // Both are {1 raw bytes}.
             let mut raw = None;
             let mut fr = Reader { buf };
             while !fr.done() {
@@ -715,32 +569,228 @@ fn value(r: &mut Reader, wire: u8, ty: Ty) -> Result<Value, String> {
                     (_, w) => fr.skip(w)?,
                 }
             }
-            match raw {
-                Some(raw) => serde_json::from_slice(raw).map_err(|e| format!("fieldsV1 is not JSON: {e}"))?,
-                None => Value::Object(Map::new()),
+            return match raw {
+                Some(raw) if raw.starts_with(MAGIC) => decode(raw),
+                Some(raw) => serde_json::from_slice(raw).map_err(|e| format!("raw is not JSON: {e}")),
+                None if msg.special == Special::FieldsV1 => Ok(Value::Object(Map::new())),
+                None => Ok(Value::Null),
+            };
+        }
+        // The special messages' own fields are plain scalars: decode them keeping zeros.
+        let mut r = Reader { buf };
+        let mut plain = Map::new();
+        if msg.special != Special::None {
+            while !r.done() {
+                let (tag, wire) = r.key()?;
+                match msg.fields.iter().find(|f| f.number == tag) {
+                    Some(f) if f.card == Card::List => push(&mut plain, &f.json, self.value(&mut r, wire, &f.ty)?)?,
+                    Some(f) => drop(plain.insert(f.json.clone(), self.value(&mut r, wire, &f.ty)?)),
+                    None => r.skip(wire)?,
+                }
             }
         }
-        I32 | I64 | Bool | Ty::Inline(_) => unreachable!("handled above"),
-    })
+        let int = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_i64).unwrap_or(0);
+        Ok(match msg.special {
+            Special::None => {
+                self.decode_fields(msg, buf, &mut obj)?;
+                Value::Object(obj)
+            }
+            Special::Time | Special::MicroTime => time(
+                plain.get("seconds").and_then(Value::as_i64),
+                int(&plain, "nanos"),
+                msg.special == Special::MicroTime,
+            )?,
+            Special::Duration => Value::String(go_duration(int(&plain, "duration"))),
+            Special::IntOrString => match int(&plain, "type") {
+                0 => plain.remove("intVal").unwrap_or_else(|| 0.into()),
+                1 => plain.remove("strVal").unwrap_or_else(|| "".into()),
+                t => return Err(format!("IntOrString has unknown type {t}")),
+            },
+            Special::Quantity => plain.remove("string").unwrap_or_else(|| "0".into()),
+            Special::Items => plain.remove("items").unwrap_or_else(|| Value::Array(Vec::new())),
+            Special::FieldsV1 | Special::RawExtension => unreachable!("handled above"),
+        })
+    }
+
+    /// A map entry without a value: the value type's zero.
+    fn zero(&self, ty: &Ty) -> Result<Value, String> {
+        Ok(match ty {
+            Ty::Str | Ty::Bytes => "".into(),
+            Ty::Bool => false.into(),
+            Ty::Msg(name) => self.message_value(self.message(name)?, &[])?,
+            _ => 0.into(),
+        })
+    }
+
+    /// Writes `obj`'s fields as message `msg`; `obj` is the parent object for inlined structs.
+    fn encode_fields(&self, msg: &Message, obj: &Map<String, Value>, out: &mut Vec<u8>) -> Result<(), String> {
+        for f in &msg.fields {
+            if f.inline {
+                let Ty::Msg(name) = &f.ty else { return Err("inline field is not a message".into()) };
+                let mut sub = Vec::new();
+                self.encode_fields(self.message(name)?, obj, &mut sub)?;
+                put_bytes(out, f.number, &sub);
+                continue;
+            }
+            let Some(v) = obj.get(&f.json).filter(|v| !v.is_null()) else { continue };
+            let at = |e: String| format!("{}: {e}", f.json);
+            match f.card {
+                Card::One => self.put_value(out, f.number, &f.ty, v).map_err(at)?,
+                Card::List => {
+                    let items = v.as_array().ok_or_else(|| at("expected an array".into()))?;
+                    for item in items {
+                        self.put_value(out, f.number, &f.ty, item).map_err(at)?;
+                    }
+                }
+                Card::Map => {
+                    let entries = v.as_object().ok_or_else(|| at("expected an object".into()))?;
+                    for (k, item) in entries {
+                        let mut entry = Vec::new();
+                        put_bytes(&mut entry, 1, k.as_bytes());
+                        if !item.is_null() {
+                            self.put_value(&mut entry, 2, &f.ty, item).map_err(at)?;
+                        }
+                        put_bytes(out, f.number, &entry);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn put_value(&self, out: &mut Vec<u8>, number: u32, ty: &Ty, v: &Value) -> Result<(), String> {
+        match ty {
+            Ty::Str => put_bytes(out, number, v.as_str().ok_or("expected a string")?.as_bytes()),
+            Ty::Bytes => {
+                let s = v.as_str().ok_or("expected a base64 string")?;
+                let raw = base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| format!("base64: {e}"))?;
+                put_bytes(out, number, &raw);
+            }
+            Ty::Bool => put_varint_field(out, number, u64::from(v.as_bool().ok_or("expected a boolean")?)),
+            Ty::I32 | Ty::I64 => put_varint_field(out, number, json_int(v)? as u64),
+            Ty::U32 | Ty::U64 => put_varint_field(out, number, json_int(v)? as u64),
+            Ty::F32 => {
+                put_key(out, number, 5);
+                out.extend_from_slice(&(v.as_f64().ok_or("expected a number")? as f32).to_le_bytes());
+            }
+            Ty::F64 => {
+                put_key(out, number, 1);
+                out.extend_from_slice(&v.as_f64().ok_or("expected a number")?.to_le_bytes());
+            }
+            Ty::Msg(name) => {
+                let mut sub = Vec::new();
+                self.put_message(&mut sub, self.message(name)?, v)?;
+                put_bytes(out, number, &sub);
+            }
+        }
+        Ok(())
+    }
+
+    fn put_message(&self, out: &mut Vec<u8>, msg: &Message, v: &Value) -> Result<(), String> {
+        match msg.special {
+            Special::None => {
+                let obj = v.as_object().ok_or("expected an object")?;
+                self.encode_fields(msg, obj, out)?;
+            }
+            Special::Time | Special::MicroTime => {
+                let s = v.as_str().ok_or("expected an RFC 3339 time")?;
+                let ts: jiff::Timestamp = s.parse().map_err(|e| format!("time {s:?}: {e}"))?;
+                put_varint_field(out, 1, ts.as_second() as u64);
+                let nanos = ts.subsec_nanosecond();
+                if nanos != 0 {
+                    put_varint_field(out, 2, nanos as i64 as u64);
+                }
+            }
+            Special::Duration => {
+                let s = v.as_str().ok_or("expected a duration string")?;
+                put_varint_field(out, 1, parse_go_duration(s)? as u64);
+            }
+            Special::IntOrString => match v {
+                Value::String(s) => {
+                    put_varint_field(out, 1, 1);
+                    put_bytes(out, 3, s.as_bytes());
+                }
+                _ => {
+                    put_varint_field(out, 1, 0);
+                    put_varint_field(out, 2, json_int(v)? as u64);
+                }
+            },
+            Special::Quantity => {
+                let s = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => return Err("expected a quantity".into()),
+                };
+                put_bytes(out, 1, s.as_bytes());
+            }
+            Special::FieldsV1 | Special::RawExtension => {
+                let raw = serde_json::to_vec(v).map_err(|e| e.to_string())?;
+                put_bytes(out, 1, &raw);
+            }
+            Special::Items => {
+                let f = &msg.fields[0];
+                for item in v.as_array().ok_or("expected an array")? {
+                    self.put_value(out, f.number, &f.ty, item)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-/// The single field `f` of a small message, if present.
-fn sub_field(buf: &[u8], f: &Field) -> Result<Option<Value>, String> {
-    let mut obj = Map::new();
-    decode_fields(buf, std::slice::from_ref(f), &mut obj)?;
-    Ok(obj.remove(f.name))
+impl Ty {
+    fn is_varint(&self) -> bool {
+        matches!(self, Ty::Bool | Ty::I32 | Ty::I64 | Ty::U32 | Ty::U64)
+    }
+    fn is_fixed_or_varint(&self) -> bool {
+        self.is_varint() || matches!(self, Ty::F32 | Ty::F64)
+    }
+    fn fixed_wire(&self) -> u8 {
+        if matches!(self, Ty::F32) { 5 } else { 1 }
+    }
+}
+
+fn fixed<const N: usize>(b: &[u8]) -> Result<[u8; N], String> {
+    b.try_into().map_err(|_| "truncated fixed-width value".to_string())
+}
+
+fn json_int(v: &Value) -> Result<i64, String> {
+    v.as_i64()
+        .or_else(|| v.as_u64().map(|u| u as i64))
+        .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+        .ok_or_else(|| format!("expected an integer, got {v}"))
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_key(out: &mut Vec<u8>, number: u32, wire: u8) {
+    put_varint(out, (u64::from(number) << 3) | u64::from(wire));
+}
+
+fn put_varint_field(out: &mut Vec<u8>, number: u32, v: u64) {
+    put_key(out, number, 0);
+    put_varint(out, v);
+}
+
+fn put_bytes(out: &mut Vec<u8>, number: u32, b: &[u8]) {
+    put_key(out, number, 2);
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
 }
 
 /// metav1.Time / MicroTime. Go encodes a zero time as an empty message, and prints it as `null`.
-fn time(buf: &[u8], micro: bool) -> Result<Value, String> {
-    let mut obj = Map::new();
-    decode_fields(buf, &[p(1, "seconds", I64), p(2, "nanos", I32)], &mut obj)?;
-    let seconds = obj.get("seconds").and_then(Value::as_i64);
-    let nanos = obj.get("nanos").and_then(Value::as_i64).unwrap_or(0);
+fn time(seconds: Option<i64>, nanos: i64, micro: bool) -> Result<Value, String> {
     let Some(seconds) = seconds.filter(|&s| s != GO_ZERO_TIME || nanos != 0) else {
         return Ok(Value::Null);
     };
-    let ts = jiff::Timestamp::new(seconds, nanos as i32).map_err(|e| format!("time out of range: {e}"))?;
+    let nanos = i32::try_from(nanos).map_err(|_| "nanos out of range")?;
+    let ts = jiff::Timestamp::new(seconds, nanos).map_err(|e| format!("time out of range: {e}"))?;
     let whole = ts.strftime("%Y-%m-%dT%H:%M:%S");
     Ok(Value::String(if micro {
         format!("{whole}.{:06}Z", ts.subsec_nanosecond() / 1000)
@@ -752,21 +802,79 @@ fn time(buf: &[u8], micro: bool) -> Result<Value, String> {
 /// Go's `time.Time{}` (0001-01-01T00:00:00Z) as Unix seconds.
 const GO_ZERO_TIME: i64 = -62_135_596_800;
 
-fn zero(ty: Ty) -> Value {
-    match ty {
-        Str | Bytes => "".into(),
-        I32 | I64 | IntOrStr => 0.into(),
-        Bool => false.into(),
-        Quantity => "0".into(),
-        Time | MicroTime => Value::Null,
-        Msg(_) | FieldsV1 | Ty::Inline(_) => Value::Object(Map::new()),
+/// Go's `time.Duration.String()`: `1h2m3.5s`, `150ms`, `0s`.
+fn go_duration(nanos: i64) -> String {
+    if nanos == 0 {
+        return "0s".into();
     }
+    let sign = if nanos < 0 { "-" } else { "" };
+    let n = nanos.unsigned_abs();
+    if n < 1_000_000_000 {
+        let (unit, div) = if n < 1_000 {
+            ("ns", 1)
+        } else if n < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{sign}{}{unit}", frac(n, div));
+    }
+    let (h, rest) = (n / 3_600_000_000_000, n % 3_600_000_000_000);
+    let (m, s) = (rest / 60_000_000_000, rest % 60_000_000_000);
+    let secs = format!("{}s", frac(s, 1_000_000_000));
+    match (h, m) {
+        (0, 0) => format!("{sign}{secs}"),
+        (0, m) => format!("{sign}{m}m{secs}"),
+        (h, m) => format!("{sign}{h}h{m}m{secs}"),
+    }
+}
+
+fn frac(n: u64, div: u64) -> String {
+    let (whole, part) = (n / div, n % div);
+    if part == 0 {
+        return whole.to_string();
+    }
+    let width = div.to_string().len() - 1;
+    let digits = format!("{part:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// Parses Go's duration syntax (`1h30m`, `2.5s`, `-150ms`) into nanoseconds.
+fn parse_go_duration(s: &str) -> Result<i64, String> {
+    let bad = || format!("invalid duration {s:?}");
+    let (neg, mut rest) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if rest == "0" {
+        return Ok(0);
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let (num, tail) = rest.split_at(num_len);
+        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return Err(bad()),
+        };
+        total += num.parse::<f64>().map_err(|_| bad())? * scale;
+        rest = tail;
+    }
+    let total = total.round() as i64;
+    Ok(if neg { -total } else { total })
 }
 
 fn is_zero(v: &Value) -> bool {
     match v {
         Value::String(s) => s.is_empty(),
-        Value::Number(n) => n.as_i64() == Some(0),
+        Value::Number(n) => n.as_f64() == Some(0.0),
         Value::Bool(b) => !b,
         _ => false,
     }
@@ -866,6 +974,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    const RBAC: &str = "rbac.authorization.k8s.io/v1";
 
     fn varint(mut v: u64) -> Vec<u8> {
         let mut out = Vec::new();
@@ -1215,5 +1325,304 @@ mod tests {
             "status": {"loadBalancer": {}},
         });
         assert_eq!(decode(&service).unwrap(), expected);
+    }
+
+    #[test]
+    fn zero_go_pointers_survive_a_round_trip_and_zero_go_values_do_not() {
+        let options = json!({
+            "apiVersion": "v1", "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0, "orphanDependents": false, "preconditions": {"uid": ""},
+        });
+        assert_eq!(decode(&encode(&options).unwrap()).unwrap(), options);
+        let deployment = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "spec": {"replicas": 0, "paused": false, "minReadySeconds": 0, "template": {"spec": {}}},
+        });
+        let back = decode(&encode(&deployment).unwrap()).unwrap();
+        assert_eq!(back["spec"], json!({"replicas": 0, "template": {"spec": {}}}));
+    }
+
+    #[test]
+    fn delete_options_decode_under_any_groups_api_version() {
+        for api_version in ["v1", "apps/v1", "meta.k8s.io/v1", "apiextensions.k8s.io/v1"] {
+            let body = envelope(api_version, "DeleteOptions", &[int(1, 0), s(4, "Foreground")]);
+            let got = decode(&body).unwrap_or_else(|e| panic!("{api_version}: {e}"));
+            assert_eq!(got["gracePeriodSeconds"], json!(0), "{api_version}");
+            assert_eq!(got["propagationPolicy"], json!("Foreground"), "{api_version}");
+        }
+    }
+
+    #[test]
+    fn a_status_error_encodes_as_go_writes_it() {
+        let status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "pods \"x\" not found", "reason": "NotFound",
+            "details": {"name": "x", "kind": "pods"}, "code": 404,
+        });
+        let pb = encode(&status).unwrap();
+        let raw = [msg(1, &[]), s(2, "Failure"), s(3, "pods \"x\" not found"), s(4, "NotFound")];
+        let details = msg(5, &[s(1, "x"), s(3, "pods")]);
+        let expected = [
+            MAGIC.to_vec(),
+            msg(1, &[s(1, "v1"), s(2, "Status")]),
+            msg(2, &[raw.concat(), details, int(6, 404)]),
+            s(3, ""),
+            s(4, ""),
+        ]
+        .concat();
+        assert_eq!(pb, expected);
+        let mut back = decode(&pb).unwrap();
+        back.as_object_mut().unwrap().sort_keys();
+        let mut status = status;
+        status.as_object_mut().unwrap().sort_keys();
+        assert_eq!(back, status);
+    }
+
+    #[test]
+    fn watch_frames_are_a_length_then_a_raw_watch_event_around_an_enveloped_object() {
+        let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}});
+        let frame = watch_frame("ADDED", &ns).unwrap();
+        let event = [s(1, "ADDED"), msg(2, &[len(1, &encode(&ns).unwrap())])].concat();
+        assert_eq!(frame[..4], (event.len() as u32).to_be_bytes());
+        assert_eq!(frame[4..], event[..]);
+        assert!(!frame[4..].starts_with(MAGIC));
+    }
+
+    #[test]
+    fn durations_print_and_parse_as_go_does() {
+        for (nanos, text) in [
+            (0, "0s"),
+            (1_500, "1.5µs"),
+            (150_000_000, "150ms"),
+            (90_000_000_000, "1m30s"),
+            (3_723_500_000_000, "1h2m3.5s"),
+            (-2_000_000_000, "-2s"),
+        ] {
+            assert_eq!(go_duration(nanos), text);
+            assert_eq!(parse_go_duration(text).unwrap(), nanos, "{text}");
+        }
+        assert!(parse_go_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn custom_resources_and_tables_have_no_protobuf_encoding() {
+        let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}});
+        assert!(matches!(encode(&widget), Err(EncodeError::Unsupported { .. })));
+        let table = json!({"apiVersion": "meta.k8s.io/v1", "kind": "Table", "rows": []});
+        assert!(matches!(encode(&table), Err(EncodeError::Unsupported { .. })));
+        let apps_lookalike = json!({"apiVersion": "apps.example.com/v1", "kind": "Deployment"});
+        assert!(matches!(encode(&apps_lookalike), Err(EncodeError::Unsupported { .. })));
+    }
+    /// Writes example JSON for messages of the schema: every field set, scalars non-zero (so none is dropped
+    /// as a Go zero value), two items in each list and map, each special message in its JSON form. A message
+    /// already being written further up is left out, so recursive types end.
+    struct Examples<'a> {
+        schema: &'a Schema,
+        n: i64,
+        stack: Vec<String>,
+        families: std::collections::BTreeSet<&'static str>,
+    }
+
+    impl Examples<'_> {
+        fn fields(&mut self, msg: &Message, obj: &mut Map<String, Value>) {
+            for f in &msg.fields {
+                if f.inline {
+                    let Ty::Msg(inner) = &f.ty else { panic!("inline {} is not a message", f.json) };
+                    self.families.insert("inline struct");
+                    self.fields(self.schema.message(inner).unwrap(), obj);
+                    continue;
+                }
+                let v = match f.card {
+                    Card::One => self.value(&f.ty),
+                    Card::List => {
+                        self.families.insert("list");
+                        let items: Vec<Value> = (0..2).filter_map(|_| self.value(&f.ty)).collect();
+                        (!items.is_empty()).then_some(Value::Array(items))
+                    }
+                    Card::Map => {
+                        self.families.insert("map");
+                        let entries: Map<String, Value> = ["a", "b.example.com/key"]
+                            .iter()
+                            .filter_map(|k| Some((k.to_string(), self.value(&f.ty)?)))
+                            .collect();
+                        (!entries.is_empty()).then_some(Value::Object(entries))
+                    }
+                };
+                if let Some(v) = v {
+                    obj.insert(f.json.clone(), v);
+                }
+            }
+        }
+
+        fn value(&mut self, ty: &Ty) -> Option<Value> {
+            self.n += 1;
+            let n = self.n;
+            let family = match ty {
+                Ty::Msg(_) => "message",
+                Ty::Str => "string",
+                Ty::Bytes => "bytes",
+                Ty::Bool => "bool",
+                _ => "number",
+            };
+            self.families.insert(family);
+            Some(match ty {
+                Ty::Str => json!(format!("text-{n}")),
+                Ty::Bytes => json!(base64::engine::general_purpose::STANDARD.encode(format!("bytes\0{n}\u{ff}"))),
+                Ty::Bool => json!(true),
+                // Negative, one-byte and multi-byte varints.
+                Ty::I32 if n % 3 == 0 => json!(-n),
+                Ty::I32 => json!(n),
+                Ty::I64 => json!(n * 1_000_000_007),
+                Ty::U32 | Ty::U64 => json!(n),
+                Ty::F32 => json!(1.5),
+                Ty::F64 => json!(2.25),
+                Ty::Msg(name) => return self.message(name),
+            })
+        }
+
+        fn message(&mut self, name: &str) -> Option<Value> {
+            if self.stack.iter().any(|s| s == name) {
+                return None;
+            }
+            let msg = self.schema.message(name).unwrap();
+            let special = match msg.special {
+                Special::Time => Some(("time", json!("2024-01-02T03:04:05Z"))),
+                Special::MicroTime => Some(("micro time", json!("2024-01-02T03:04:05.123456Z"))),
+                Special::Duration => Some(("duration", json!("1h2m3.5s"))),
+                Special::IntOrString if self.n % 2 == 0 => Some(("int-or-string", json!(8080))),
+                Special::IntOrString => Some(("int-or-string", json!("http"))),
+                Special::Quantity => Some(("quantity", json!("250m"))),
+                Special::FieldsV1 => Some(("fields", json!({"f:metadata": {"f:labels": {"f:app": {}}}}))),
+                Special::RawExtension => {
+                    Some(("raw", json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": "v"}})))
+                }
+                Special::Items | Special::None => None,
+            };
+            if let Some((family, v)) = special {
+                self.families.insert(family);
+                return Some(v);
+            }
+            self.stack.push(name.to_string());
+            let mut obj = Map::new();
+            self.fields(msg, &mut obj);
+            self.stack.pop();
+            Some(match msg.special {
+                Special::Items => {
+                    self.families.insert("go slice");
+                    obj.remove("items").unwrap_or_else(|| json!([]))
+                }
+                _ => Value::Object(obj),
+            })
+        }
+    }
+
+    /// The first path where `got` and `want` differ, for a readable failure.
+    fn difference(path: &str, got: &Value, want: &Value) -> Option<String> {
+        match (got, want) {
+            (Value::Object(g), Value::Object(w)) => {
+                // Each key once: walking both maps' keys would compare every subtree twice per level.
+                let missing = w.keys().filter(|k| !g.contains_key(*k));
+                g.keys().chain(missing).find_map(|k| match (g.get(k), w.get(k)) {
+                    (Some(a), Some(b)) => difference(&format!("{path}.{k}"), a, b),
+                    (a, b) => Some(format!("{path}.{k}: got {a:?}, want {b:?}")),
+                })
+            }
+            (Value::Array(g), Value::Array(w)) if g.len() == w.len() => {
+                g.iter().zip(w).enumerate().find_map(|(i, (a, b))| difference(&format!("{path}[{i}]"), a, b))
+            }
+            (a, b) if a == b => None,
+            (a, b) => Some(format!("{path}: got {a}, want {b}")),
+        }
+    }
+
+    /// `v` read into k8s-openapi's type for the kind and written back: a field name or value shape that
+    /// k8s-openapi (generated from Kubernetes' OpenAPI, not from the .proto) does not know is lost.
+    fn through_k8s_openapi(api_version: &str, kind: &str, v: &Value) -> Value {
+        use k8s_openapi::api::{apps::v1 as apps, coordination::v1 as coordination, core::v1 as core};
+        use k8s_openapi::api::{discovery::v1 as discovery, events::v1 as events, node::v1 as node};
+        fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Value {
+            let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{}: {e}", v["kind"]));
+            serde_json::to_value(t).unwrap()
+        }
+        macro_rules! kinds {
+            ($($api_version:literal $kind:literal $ty:ty,)*) => {
+                match (api_version, kind) {
+                    $(
+                        ($api_version, $kind) => typed::<$ty>(v),
+                        ($api_version, concat!($kind, "List")) => {
+                            // k8s-openapi writes each item's apiVersion and kind, which a list's items lack.
+                            let mut list = typed::<k8s_openapi::List<$ty>>(v);
+                            for item in list["items"].as_array_mut().into_iter().flatten() {
+                                item.as_object_mut().map(|o| (o.remove("apiVersion"), o.remove("kind")));
+                            }
+                            list
+                        }
+                    )*
+                    _ => panic!("{api_version} {kind}: add it here"),
+                }
+            };
+        }
+        kinds! {
+            "v1" "Namespace" core::Namespace,
+            "v1" "Pod" core::Pod,
+            "v1" "Node" core::Node,
+            "v1" "ConfigMap" core::ConfigMap,
+            "v1" "Secret" core::Secret,
+            "v1" "ServiceAccount" core::ServiceAccount,
+            "v1" "Service" core::Service,
+            "v1" "Endpoints" core::Endpoints,
+            "v1" "Event" core::Event,
+            "events.k8s.io/v1" "Event" events::Event,
+            "coordination.k8s.io/v1" "Lease" coordination::Lease,
+            "node.k8s.io/v1" "RuntimeClass" node::RuntimeClass,
+            "apps/v1" "Deployment" apps::Deployment,
+            "apps/v1" "ReplicaSet" apps::ReplicaSet,
+            "discovery.k8s.io/v1" "EndpointSlice" discovery::EndpointSlice,
+        }
+    }
+
+    #[test]
+    fn every_served_kind_and_its_list_with_every_field_set_round_trips_json_to_protobuf_and_back() {
+        let schema = schema().unwrap();
+        let mut all_families = std::collections::BTreeSet::new();
+        for rt in berth_api::resources::ALL {
+            let api_version = rt.api_version();
+            for kind in [rt.kind.to_string(), rt.list_kind()] {
+                let msg = schema.find(&api_version, &kind).unwrap_or_else(|| panic!("{api_version} {kind}"));
+                let mut examples = Examples { schema, n: 0, stack: Vec::new(), families: Default::default() };
+                let mut obj = Map::new();
+                obj.insert("apiVersion".into(), json!(api_version));
+                obj.insert("kind".into(), json!(kind));
+                examples.fields(msg, &mut obj);
+                let example = Value::Object(obj);
+                let pb = encode(&example).unwrap_or_else(|e| panic!("{kind}: {e}"));
+                let back = decode(&pb).unwrap_or_else(|e| panic!("{kind}: {e}"));
+                assert_eq!(difference(&kind, &back, &example), None);
+                // The example is the kind's JSON as Kubernetes defines it, not just as the schema says.
+                assert_eq!(difference(&kind, &through_k8s_openapi(&api_version, &kind, &example), &example), None);
+                // Every field of the kind is in the example: ObjectMeta alone brings these.
+                for family in ["message", "list", "map", "string"] {
+                    assert!(examples.families.contains(family), "{kind} has no {family}");
+                }
+                all_families.extend(examples.families);
+            }
+        }
+        // What the served kinds have between them (no Duration, RawExtension or Go slice wrapper).
+        let expected = [
+            "bool",
+            "bytes",
+            "fields",
+            "inline struct",
+            "int-or-string",
+            "list",
+            "map",
+            "message",
+            "micro time",
+            "number",
+            "quantity",
+            "string",
+            "time",
+        ];
+        assert_eq!(all_families.into_iter().collect::<Vec<_>>(), expected);
     }
 }

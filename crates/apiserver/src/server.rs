@@ -12,6 +12,7 @@ use berth_store::sqlite::SqliteStore;
 
 use crate::admission::Admission;
 use crate::authn::TokenAuthenticator;
+use crate::services::{self, ServiceNetwork};
 use crate::{ApiState, lifecycle, tls};
 
 #[derive(Debug, Clone)]
@@ -26,6 +27,11 @@ pub struct ServerConfig {
     pub compaction_interval: Duration,
     /// Settings of the admission chain (`--default-not-ready-toleration-seconds`, ...).
     pub admission: Admission,
+    /// `--service-cluster-ip-range` and `--service-node-port-range`.
+    pub service_network: ServiceNetwork,
+    /// The address put into the `kubernetes` Service's endpoints; `None`: the bind address, or
+    /// the default route's source address when bound to every address.
+    pub advertise_address: Option<IpAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +48,7 @@ pub enum ServerError {
     Tls(#[source] tls::TlsError),
     #[error("cannot load the token file")]
     Tokens(#[source] crate::authn::AuthnError),
-    #[error("cannot create the system namespaces: {0}")]
+    #[error("cannot create the system namespaces and the kubernetes service: {0}")]
     Bootstrap(String),
     #[error("cannot serve on {addr}")]
     Serve {
@@ -82,6 +88,7 @@ pub struct PreparedServer {
     admin_token: String,
     pki: tls::Pki,
     addr: SocketAddr,
+    advertise: IpAddr,
     compaction_interval: Duration,
 }
 
@@ -99,14 +106,19 @@ impl PreparedServer {
             authn.load_token_file(path).map_err(ServerError::Tokens)?;
         }
         authn.watch_token_file(&cfg.data_dir.join(crate::authn::NODE_TOKEN_FILE)).map_err(ServerError::Tokens)?;
-        let state = ApiState::with_admission(store, Some(authn), cfg.admission);
+        let state = ApiState::with_services(store, Some(authn), cfg.admission, cfg.service_network);
         lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
+        let advertise = cfg.advertise_address.unwrap_or_else(|| services::advertise_address(cfg.bind_address));
+        services::ensure_kubernetes_service(&state, advertise, cfg.secure_port)
+            .await
+            .map_err(|e| ServerError::Bootstrap(e.message))?;
         Ok(PreparedServer {
             state,
             kubeconfig,
             admin_token: token,
             pki,
             addr: SocketAddr::new(cfg.bind_address, cfg.secure_port),
+            advertise,
             compaction_interval: cfg.compaction_interval,
         })
     }
@@ -131,6 +143,8 @@ impl PreparedServer {
     pub async fn serve(self) -> Result<(), ServerError> {
         let state = self.state;
         tokio::spawn(lifecycle::run_compactor(state.clone(), self.compaction_interval));
+        services::spawn_repair(&state);
+        tokio::spawn(keep_kubernetes_service(state.clone(), self.advertise, self.addr.port()));
         let rustls = tls::rustls_config(&self.pki).map_err(ServerError::Tls)?;
         let addr = self.addr;
         let handle = axum_server::Handle::new();
@@ -146,6 +160,17 @@ impl PreparedServer {
             .serve(crate::router(state).into_make_service())
             .await
             .map_err(|source| ServerError::Serve { addr, source })
+    }
+}
+
+/// Every ten seconds, puts back the `kubernetes` Service and this server's address in its
+/// endpoints if they were deleted or changed, as kube-apiserver's controller does.
+async fn keep_kubernetes_service(state: Arc<ApiState>, advertise: IpAddr, port: u16) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        if let Err(e) = services::ensure_kubernetes_service(&state, advertise, port).await {
+            tracing::warn!(error = %e.message, "keeping the kubernetes service failed");
+        }
     }
 }
 

@@ -114,7 +114,9 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
         Ok(s) => Some(s),
         Err(e @ StoreError::Compacted { .. }) => {
             let body = Body::from(expired_line(&e));
-            return Ok(([(http::header::CONTENT_TYPE, "application/json")], body).into_response());
+            let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
+            resp.extensions_mut().insert(crate::negotiation::WatchStream);
+            return Ok(resp);
         }
         Err(e) => return Err(ApiError::from_store(e, rt, "")),
     };
@@ -123,7 +125,9 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
 
     let stream = async_stream(rt, sel, out, initial, start, events, bookmarks, timeout, guard);
     let body = Body::from_stream(stream);
-    Ok(([(http::header::CONTENT_TYPE, "application/json")], body).into_response())
+    let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
+    resp.extensions_mut().insert(crate::negotiation::WatchStream);
+    Ok(resp)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -292,3 +292,74 @@ fn server_flags_set_the_seconds_of_the_default_tolerations() {
     ]);
     assert_eq!(got.trim(), "node.kubernetes.io/not-ready:NoExecute:60 node.kubernetes.io/unreachable:NoExecute:0");
 }
+
+/// Polls kubectl until `f` accepts its output (the controllers work in the background).
+fn kubectl_until(s: &Server, args: &[&str], f: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = s.kubectl_ok(args);
+        if f(&out) || std::time::Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn kubectl_creates_and_exposes_services_and_shows_their_endpoints() {
+    let s = Server::start_with(&["--service-cluster-ip-range", "10.100.0.0/24"]);
+    let services = s.kubectl_ok(&["get", "services"]);
+    for col in ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"] {
+        assert!(services.contains(col), "missing column {col}:\n{services}");
+    }
+    assert!(
+        services.contains("kubernetes") && services.contains("10.100.0.1") && services.contains("443/TCP"),
+        "{services}"
+    );
+    let endpoints = s.kubectl_ok(&["get", "endpoints", "kubernetes"]);
+    assert!(endpoints.contains(&format!("127.0.0.1:{}", s.port)), "{endpoints}");
+
+    let out = s.kubectl_ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432", "--clusterip=10.100.0.50"]);
+    assert!(out.contains("service/db created"), "{out}");
+    let out = s.kubectl(&["create", "service", "clusterip", "db2", "--tcp=5432:5432", "--clusterip=10.100.0.50"]);
+    assert!(
+        stderr(&out).contains("spec.clusterIPs: Invalid value: []string{\"10.100.0.50\"}: failed to allocate IP 10.100.0.50: provided IP is already allocated"),
+        "{}",
+        stderr(&out)
+    );
+
+    s.kubectl_ok(&["create", "deployment", "web", "--image=busybox", "--port=8080"]);
+    let out = s.kubectl_ok(&["expose", "deployment", "web", "--port=80", "--target-port=8080", "--type=NodePort"]);
+    assert!(out.contains("service/web exposed"), "{out}");
+    let wide = s.kubectl_ok(&["get", "service", "web", "-o", "wide"]);
+    assert!(wide.contains("NodePort") && wide.contains("80:3") && wide.contains("app=web"), "{wide}");
+
+    // No node runs the pod: report it running and ready as a kubelet would.
+    let pods = kubectl_until(&s, &["get", "pods", "-l", "app=web", "-o", "name"], |o| !o.trim().is_empty());
+    let pod = pods.lines().next().expect("a pod of the deployment").trim_start_matches("pod/").to_string();
+    let status = r#"{"status":{"phase":"Running","podIP":"10.244.0.7","podIPs":[{"ip":"10.244.0.7"}],"conditions":[{"type":"Ready","status":"True"}]}}"#;
+    s.kubectl_ok(&["patch", "pod", &pod, "--subresource=status", "--type=merge", "-p", status]);
+    let endpoints = kubectl_until(&s, &["get", "endpoints", "web"], |o| o.contains("10.244.0.7:8080"));
+    assert!(endpoints.contains("10.244.0.7:8080"), "{endpoints}");
+    let slices = kubectl_until(&s, &["get", "endpointslices", "-l", "kubernetes.io/service-name=web"], |o| {
+        o.contains("10.244.0.7")
+    });
+    for col in ["NAME", "ADDRESSTYPE", "PORTS", "ENDPOINTS", "AGE"] {
+        assert!(slices.contains(col), "missing column {col}:\n{slices}");
+    }
+    assert!(slices.contains("IPv4") && slices.contains("8080") && slices.contains("10.244.0.7"), "{slices}");
+
+    // kubectl apply: unchanged the second time, a changed port configured in place.
+    let manifest = "apiVersion: v1\nkind: Service\nmetadata:\n  name: api\nspec:\n  selector:\n    app: api\n  ports:\n  - name: http\n    port: 80\n";
+    assert!(stdout(&s.apply(manifest)).contains("service/api created"));
+    let ip = s.kubectl_ok(&["get", "service", "api", "-o", "jsonpath={.spec.clusterIP}"]);
+    assert!(stdout(&s.apply(manifest)).contains("service/api unchanged"));
+    let out = s.apply(&manifest.replace("port: 80", "port: 8080"));
+    assert!(stdout(&out).contains("service/api configured"), "{}{}", stdout(&out), stderr(&out));
+    let got = s.kubectl_ok(&["get", "service", "api", "-o", "jsonpath={.spec.clusterIP} {.spec.ports[0].port}"]);
+    assert_eq!(got, format!("{ip} 8080"));
+
+    s.kubectl_ok(&["delete", "service", "db"]);
+    let out = kubectl_until(&s, &["get", "services"], |o| !o.contains("db "));
+    assert!(!out.contains("db "), "{out}");
+}

@@ -1,4 +1,5 @@
-//! The controllers of the control plane (ReplicaSet, Deployment, garbage collector, node lifecycle, namespace), through the Kubernetes API only.
+//! The controllers of the control plane (ReplicaSet, Deployment, garbage collector, node lifecycle, namespace,
+//! EndpointSlice, Endpoints), through the Kubernetes API only.
 //!
 //! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
 //! on kube's controller runtime (reflectors, `Controller`, reconcile → `Action`), with its
@@ -7,6 +8,7 @@
 //! runs them in-process. [`enabled`] reads kube-controller-manager's `--controllers` syntax.
 
 pub mod deployment;
+pub mod endpoints;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod node_lifecycle;
@@ -25,7 +27,8 @@ pub const COMPONENT: &str = "controller-manager";
 const EVENT_QUEUE: usize = 1000;
 
 /// Every controller, by the names kube-controller-manager's `--controllers` flag uses.
-pub const CONTROLLERS: &[&str] = &["replicaset", "deployment", "garbagecollector", "nodelifecycle", "namespace"];
+pub const CONTROLLERS: &[&str] =
+    &["replicaset", "deployment", "garbagecollector", "nodelifecycle", "namespace", "endpointslice", "endpoint"];
 
 /// Settings of the controllers (kube-controller-manager's flags and defaults).
 #[derive(Clone, Debug)]
@@ -129,6 +132,8 @@ pub async fn run(ctx: Arc<Context>, enabled: &BTreeSet<&'static str>) {
             "garbagecollector" => tasks.spawn(garbage_collector::run(ctx)),
             "nodelifecycle" => tasks.spawn(node_lifecycle::run(ctx)),
             "namespace" => tasks.spawn(namespace::run(ctx)),
+            "endpointslice" => tasks.spawn(endpoints::run_endpoint_slices(ctx)),
+            "endpoint" => tasks.spawn(endpoints::run_endpoints(ctx)),
             _ => continue,
         };
         tracing::info!(controller = name, "controller started");

@@ -15,7 +15,7 @@ const LEASE_NAME: &str = "kube-controller-manager";
 #[derive(clap::Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `*` for all, `name` to add one, `-name` to remove one
-    /// (replicaset, deployment, garbagecollector, nodelifecycle, namespace).
+    /// (replicaset, deployment, garbagecollector, nodelifecycle, namespace, endpointslice, endpoint).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// A node that renews neither its Lease nor its status for this long is unreachable.

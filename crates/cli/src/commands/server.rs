@@ -9,6 +9,7 @@ use anyhow::Context;
 use berth_apiserver::admission::{Admission, DefaultTolerationSeconds};
 use berth_apiserver::authn::{NODE_TOKEN_FILE, NODE_USER_PREFIX, create_node_token, validate_node_name};
 use berth_apiserver::server::{PreparedServer, ServerConfig};
+use berth_apiserver::services::ServiceNetwork;
 use berth_scheduler::metrics::Metrics as SchedulerMetrics;
 use berth_scheduler::scheduler::Config as SchedulerConfig;
 
@@ -85,6 +86,16 @@ struct ServeArgs {
     /// every pod that does not already have such a toleration (DefaultTolerationSeconds).
     #[arg(long, default_value_t = 300)]
     default_unreachable_toleration_seconds: i64,
+    /// Range of addresses Service cluster IPs are allocated from (IPv4 CIDR).
+    #[arg(long, default_value = "10.96.0.0/12", value_parser = berth_apiserver::services::IpRange::parse)]
+    service_cluster_ip_range: berth_apiserver::services::IpRange,
+    /// Range of ports NodePort and LoadBalancer Services get node ports from, both ends included.
+    #[arg(long, default_value = "30000-32767", value_parser = berth_apiserver::services::PortRange::parse)]
+    service_node_port_range: berth_apiserver::services::PortRange,
+    /// Address the `kubernetes` Service's endpoints point at; default: the bind address, or the
+    /// default route's source address when bound to 0.0.0.0.
+    #[arg(long)]
+    advertise_address: Option<IpAddr>,
     /// Do not run the scheduler in this process (run `berth scheduler` instead, or none).
     #[arg(long)]
     no_scheduler: bool,
@@ -116,6 +127,11 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
                 unreachable: args.default_unreachable_toleration_seconds,
             },
         },
+        service_network: ServiceNetwork {
+            cluster_ip_range: args.service_cluster_ip_range,
+            node_port_range: args.service_node_port_range,
+        },
+        advertise_address: args.advertise_address,
     };
     let enabled = berth_controllers::enabled(&args.controllers.controllers).map_err(anyhow::Error::msg)?;
     let server = PreparedServer::prepare(&cfg).await.context("berth server failed")?;
