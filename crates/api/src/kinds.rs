@@ -76,6 +76,32 @@ fn kind_of(rt: &ResourceType) -> Kind {
     }
 }
 
+/// Whether a delete that removes the object at once answers with the object as it was, as the
+/// kind's registry says (`ReturnDeletedObject`: pods, services, service accounts, namespaces);
+/// other kinds answer with a success Status naming what went.
+pub fn returns_deleted_object(rt: &ResourceType) -> bool {
+    matches!(kind_of(rt), Kind::Pod | Kind::Service | Kind::ServiceAccount | Kind::Namespace)
+}
+
+/// Whether an update through `/status` also takes the client's metadata changes (labels,
+/// annotations, ...), as the kind's status strategy says: a namespace's resets only its spec;
+/// for the other kinds here only the status goes through.
+pub fn status_update_takes_metadata(rt: &ResourceType) -> bool {
+    matches!(kind_of(rt), Kind::Namespace)
+}
+
+/// The status strategy's preparation of an update through `/status` of a kind that takes
+/// metadata changes there: the spec stays as stored; a namespace keeps its name label.
+pub fn prepare_for_status_update(rt: &ResourceType, new: &mut Value, old: &Value) {
+    if let Kind::Namespace = kind_of(rt) {
+        let old_ns: Option<core::Namespace> = decode(old);
+        edit::<core::Namespace>(new, |ns| {
+            label_namespace(ns);
+            ns.spec = old_ns.and_then(|o| o.spec);
+        })
+    }
+}
+
 /// What a delete that chooses no propagation does to the kind's dependents, as the kind's
 /// registry strategy says (`DefaultGarbageCollectionPolicy`): events take no garbage-collection
 /// finalizers; every other kind served here (apps/v1 workloads included) defaults to background.
@@ -1382,6 +1408,22 @@ const EVENT_FIELDS: &[&str] = &[
     "source",
     "type",
 ];
+/// events.k8s.io/v1 names the same fields after its own schema (`regarding`, `reportingController`).
+const EVENT_V1_FIELDS: &[&str] = &[
+    "metadata.name",
+    "metadata.namespace",
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "regarding.apiVersion",
+    "regarding.resourceVersion",
+    "regarding.fieldPath",
+    "reason",
+    "reportingController",
+    "source",
+    "type",
+];
 const REPLICASET_FIELDS: &[&str] = &["metadata.name", "metadata.namespace", "status.replicas"];
 const NAMESPACED_FIELDS: &[&str] = &["metadata.name", "metadata.namespace"];
 const CLUSTER_FIELDS: &[&str] = &["metadata.name"];
@@ -1393,7 +1435,8 @@ pub fn supported_fields(rt: &ResourceType) -> &'static [&'static str] {
         Kind::Node => NODE_FIELDS,
         Kind::Namespace => NAMESPACE_FIELDS,
         Kind::Secret => SECRET_FIELDS,
-        Kind::Event | Kind::EventV1 => EVENT_FIELDS,
+        Kind::Event => EVENT_FIELDS,
+        Kind::EventV1 => EVENT_V1_FIELDS,
         Kind::ReplicaSet => REPLICASET_FIELDS,
         _ if rt.namespaced => NAMESPACED_FIELDS,
         _ => CLUSTER_FIELDS,
@@ -1462,12 +1505,23 @@ pub fn field_set(rt: &ResourceType, obj: &Value) -> BTreeMap<String, String> {
             put("status.replicas", r.to_string());
         }
         Kind::Event | Kind::EventV1 => {
+            let (object, reporter) = if matches!(kind, Kind::Event) {
+                ("involvedObject", "reportingComponent")
+            } else {
+                ("regarding", "reportingController")
+            };
             for f in ["kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath"] {
-                put(&format!("involvedObject.{f}"), str_at(obj, &format!("/involvedObject/{f}")));
+                put(&format!("{object}.{f}"), str_at(obj, &format!("/involvedObject/{f}")));
             }
             put("reason", str_at(obj, "/reason"));
-            put("reportingComponent", str_at(obj, "/reportingComponent"));
-            put("source", str_at(obj, "/source/component"));
+            let reporting = str_at(obj, "/reportingComponent");
+            // Events recorded through events.k8s.io have no source: they are found by their reporter.
+            let source = match str_at(obj, "/source/component") {
+                component if !component.is_empty() => component,
+                _ => reporting.clone(),
+            };
+            put(reporter, reporting);
+            put("source", source);
             put("type", str_at(obj, "/type"));
         }
         _ => {}
@@ -2000,7 +2054,7 @@ mod tests {
     }
 
     #[test]
-    fn events_convert_between_views_and_share_field_names() {
+    fn events_convert_between_views_and_name_fields_after_their_view() {
         let core_ev = json!({"apiVersion":"v1","kind":"Event","metadata":{"name":"e","namespace":"d"},
             "involvedObject":{"kind":"Pod","name":"p","namespace":"d","uid":"u1"},
             "message":"pulled","reason":"Pulled","type":"Normal","count":3,
@@ -2018,13 +2072,30 @@ mod tests {
         assert_eq!(event_v1_to_core(&v1), core_ev);
 
         let f_core = field_set(&EVENTS, &core_ev);
+        assert_eq!(f_core["involvedObject.name"], "p");
+        assert_eq!(f_core["reportingComponent"], "kubelet");
         let f_v1 = field_set(&EVENTS_V1, &v1);
-        assert_eq!(f_core, f_v1);
-        assert_eq!(f_v1["involvedObject.name"], "p");
-        assert_eq!(f_v1["involvedObject.uid"], "u1");
+        assert_eq!(f_v1["regarding.name"], "p");
+        assert_eq!(f_v1["regarding.uid"], "u1");
         assert_eq!(f_v1["source"], "kubelet");
-        assert_eq!(f_v1["reportingComponent"], "kubelet");
+        assert_eq!(f_v1["reportingController"], "kubelet");
         assert_eq!(f_v1["type"], "Normal");
+        // Both views offer exactly the field labels they support.
+        for (rt, set) in [(&EVENTS, &f_core), (&EVENTS_V1, &f_v1)] {
+            let names: BTreeSet<&str> = set.keys().map(String::as_str).collect();
+            assert_eq!(names, supported_fields(rt).iter().copied().collect(), "{}", rt.group);
+        }
+    }
+
+    #[test]
+    fn an_event_without_a_source_is_selected_by_source_as_its_reporting_controller() {
+        let ev = json!({"metadata":{"name":"e","namespace":"d"},"involvedObject":{"kind":"Pod","name":"p"},
+            "reportingComponent":"berth-scheduler","reportingInstance":"s1","reason":"Scheduled","type":"Normal"});
+        assert_eq!(field_set(&EVENTS, &ev)["source"], "berth-scheduler");
+        assert_eq!(field_set(&EVENTS_V1, &event_core_to_v1(&ev))["source"], "berth-scheduler");
+        let mut with_source = ev.clone();
+        with_source["source"] = json!({"component": "kubelet"});
+        assert_eq!(field_set(&EVENTS, &with_source)["source"], "kubelet");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Who may do what: Kubernetes' Node authorizer for node agents (user `system:node:<node>` in
 //! group `system:nodes`). Users in `system:masters` may do anything; every other authenticated
-//! user may do anything but review tokens.
+//! user may do anything but review tokens. Everyone may ask who they are and what they may do
+//! (the self reviews of `system:basic-user`).
 //!
 //! Authorization looks only at the request's attributes, before routing
 //! ([`authorize_request`]), as kube-apiserver's authorization filter does. What a node may write
@@ -182,6 +183,9 @@ pub enum Referenced {
 
 /// Decides whether `user` may make `request`; `graph` answers for the requesting node.
 pub fn authorize(user: &UserInfo, request: &Request, graph: &dyn NodeGraph) -> Decision {
+    if is_self_review(request) {
+        return Decision::Allow;
+    }
     match identity(user) {
         Identity::Master => Decision::Allow,
         Identity::Other => match request {
@@ -198,6 +202,19 @@ pub fn authorize(user: &UserInfo, request: &Request, graph: &dyn NodeGraph) -> D
             Request::Resource(r) => authorize_node(node, r, graph),
         },
     }
+}
+
+/// What the `system:basic-user` role lets every authenticated user do: ask who they are and
+/// what they may do.
+fn is_self_review(request: &Request) -> bool {
+    let Request::Resource(r) = request else { return false };
+    r.verb == "create"
+        && r.subresource.is_empty()
+        && matches!(
+            (r.group.as_str(), r.resource.as_str()),
+            ("authorization.k8s.io", "selfsubjectaccessreviews" | "selfsubjectrulesreviews")
+                | ("authentication.k8s.io", "selfsubjectreviews")
+        )
 }
 
 /// The paths the `system:discovery` and `system:public-info-viewer` roles open to everyone.
@@ -341,7 +358,19 @@ pub async fn authorize_request(
         return Ok(());
     }
     let request = Request::parse(method, path, query);
-    let graph = match (identity(user), &request) {
+    match decide(state, user, &request).await? {
+        Decision::Allow => Ok(()),
+        Decision::Deny(reason) => {
+            tracing::debug!(user = %user.name, ?request, %reason, "forbidden");
+            Err(forbidden(user, &request, &reason))
+        }
+    }
+}
+
+/// Decides whether `user` may make `request`, reading the pods bound to a node from the store
+/// when the answer depends on them.
+pub async fn decide(state: &ApiState, user: &UserInfo, request: &Request) -> ApiResult<Decision> {
+    let graph = match (identity(user), request) {
         (Identity::Node(node), Request::Resource(r))
             if r.group.is_empty()
                 && matches!(r.resource.as_str(), "secrets" | "configmaps" | "persistentvolumeclaims")
@@ -352,13 +381,7 @@ pub async fn authorize_request(
         }
         _ => PodReferences::default(),
     };
-    match authorize(user, &request, &graph) {
-        Decision::Allow => Ok(()),
-        Decision::Deny(reason) => {
-            tracing::debug!(user = %user.name, ?request, %reason, "forbidden");
-            Err(forbidden(user, &request, &reason))
-        }
-    }
+    Ok(authorize(user, request, &graph))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,6 +11,11 @@
 //! | pod whose graceful deletion is pending        | changes nothing (finalizers included), unless the grace is shortened |
 //! | anything else                                 | removed at once, unless finalizers hold it                 |
 //!
+//! The answer is the object while it stays (200; 202 when the legacy `orphanDependents: false`
+//! asked for its dependents to go). Once it is gone, pods, services, service accounts and
+//! namespaces answer with the object as it was, other kinds with a success `Status` naming it
+//! (`ReturnDeletedObject` of the kind's registry).
+//!
 //! Every delete first settles the garbage collector's finalizers from the request's
 //! `propagationPolicy` (or legacy `orphanDependents`), the object's finalizers and the kind's
 //! default (`berth_api::deletion`): `Orphan` adds `orphan`, `Foreground` adds
@@ -265,7 +270,8 @@ fn check_preconditions(rt: &ResourceType, name: &str, old: &Value, rev: i64, p: 
 
 /// The outcome of deleting one object.
 pub(crate) struct Deleted {
-    /// The answer: the object as it stays, or a success Status when it is gone.
+    /// The answer: the object as it stays; when it is gone, the object as it was for the kinds
+    /// whose registry returns it (`kinds::returns_deleted_object`), else a success Status.
     pub body: Value,
     /// Whether it left the store.
     pub removed: bool,
@@ -291,16 +297,20 @@ pub(crate) async fn delete_object(
                 let removed = ready_to_remove(rt, &new);
                 write_update(state, t, name, new, &old, rev, opts.dry_run).await.map(|body| Deleted { body, removed })
             }
-            Plan::Remove if opts.dry_run => return Ok(Deleted { body: success_status(rt, &old), removed: true }),
+            Plan::Remove if opts.dry_run => Ok(Deleted { body: old.clone(), removed: true }),
             Plan::Remove => {
                 let key = objects::key(rt, t.namespace.as_deref(), name);
                 let started = Instant::now();
                 let r = state.store.delete(&key, Some(rev)).await.map_err(|e| ApiError::from_store(e, rt, name));
                 state.metrics.observe_store("delete", started.elapsed());
-                r.map(|_| Deleted { body: success_status(rt, &old), removed: true })
+                r.map(|_| Deleted { body: old.clone(), removed: true })
             }
         };
         match written {
+            // Gone: the object as it was, or a Status naming it, as the kind's registry answers.
+            Ok(Deleted { body, removed: true }) if !kinds::returns_deleted_object(rt) => {
+                return Ok(Deleted { body: success_status(rt, &body), removed: true });
+            }
             Ok(deleted) => return Ok(deleted),
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
             Err(e) => return Err(e),

@@ -60,9 +60,10 @@ fn group_json(group: &str, version: &str) -> Value {
 }
 
 /// The store's groups and the groups of resources served by their own handlers.
-fn served_groups() -> Vec<(&'static str, &'static str)> {
+pub(crate) fn served_groups() -> Vec<(&'static str, &'static str)> {
     let mut groups = resources::groups();
     groups.push((crate::tokenreview::GROUP, crate::tokenreview::VERSION));
+    groups.push((crate::accessreview::AUTHORIZATION_GROUP, crate::accessreview::AUTHORIZATION_VERSION));
     groups
 }
 
@@ -128,7 +129,7 @@ fn sub_entry(rt: &ResourceType, sub: &str, kind: &str, group: Option<(&str, &str
     e
 }
 
-fn resource_list(group: &str, version: &str) -> Value {
+pub(crate) fn resource_list(group: &str, version: &str) -> Value {
     let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
     let mut out = Vec::new();
     for rt in ALL.iter().filter(|r| r.group == group && r.version == version) {
@@ -154,6 +155,10 @@ fn resource_list(group: &str, version: &str) -> Value {
     }
     if (group, version) == (crate::tokenreview::GROUP, crate::tokenreview::VERSION) {
         out.extend(crate::tokenreview::api_resources());
+        out.extend(crate::accessreview::authentication_resources());
+    }
+    if (group, version) == (crate::accessreview::AUTHORIZATION_GROUP, crate::accessreview::AUTHORIZATION_VERSION) {
+        out.extend(crate::accessreview::authorization_resources());
     }
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
 }

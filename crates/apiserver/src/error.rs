@@ -95,6 +95,11 @@ impl ApiError {
     /// 422 for invalid request options of `meta.k8s.io` (`DeleteOptions`, ...), as Kubernetes
     /// words it: `DeleteOptions.meta.k8s.io "" is invalid: <errors>`.
     pub fn invalid_options(kind: &str, errors: &[FieldError]) -> Self {
+        Self::invalid_in_group("meta.k8s.io", kind, errors)
+    }
+    /// 422 for an invalid object that has no name and is not stored (reviews, options):
+    /// `<Kind>.<group> "" is invalid: <errors>`.
+    pub fn invalid_in_group(group: &str, kind: &str, errors: &[FieldError]) -> Self {
         let causes: Vec<Value> = errors
             .iter()
             .map(|e| {
@@ -103,9 +108,9 @@ impl ApiError {
                 json!({"reason": e.error_type.reason(), "message": msg, "field": e.field})
             })
             .collect();
-        let qualified = format!("{kind}.meta.k8s.io");
+        let qualified = format!("{kind}.{group}");
         Self {
-            details: Some(json!({"group": "meta.k8s.io", "kind": kind, "causes": causes})),
+            details: Some(json!({"group": group, "kind": kind, "causes": causes})),
             ..Self::new(422, "Invalid", berth_api::field_error::invalid_message(&qualified, "", errors))
         }
     }

@@ -364,8 +364,14 @@ fn unknown_fields(input: &Value, decoded: &Value, path: &str, out: &mut Vec<Stri
 }
 
 /// Checks `apiVersion`/`kind` against the endpoint and decodes the body as the kind. Returns the
-/// normalised object and the warnings for unknown fields (an error under `Strict`).
-pub(crate) fn check_object(rt: &ResourceType, mut obj: Value, fv: FieldValidation) -> ApiResult<(Value, Vec<String>)> {
+/// normalised object and the warnings for unknown fields and for the `duplicates` the body named
+/// twice (an error under `Strict`).
+pub(crate) fn check_object(
+    rt: &ResourceType,
+    mut obj: Value,
+    duplicates: &[String],
+    fv: FieldValidation,
+) -> ApiResult<(Value, Vec<String>)> {
     let expected = rt.api_version();
     match obj.get("apiVersion").and_then(Value::as_str) {
         Some(v) if v != expected => {
@@ -397,7 +403,10 @@ pub(crate) fn check_object(rt: &ResourceType, mut obj: Value, fv: FieldValidatio
     if fv != FieldValidation::Ignore {
         unknown_fields(&obj, &decoded, "", &mut unknown);
     }
-    let warnings: Vec<String> = unknown.iter().map(|p| format!("unknown field {p:?}")).collect();
+    let mut warnings: Vec<String> = unknown.iter().map(|p| format!("unknown field {p:?}")).collect();
+    if fv != FieldValidation::Ignore {
+        warnings.extend(duplicates.iter().map(|p| format!("duplicate field {p:?}")));
+    }
     if fv == FieldValidation::Strict && !warnings.is_empty() {
         return Err(handled_as(format!("strict decoding error: {}", warnings.join(", "))));
     }
@@ -419,7 +428,8 @@ fn generate_name(base: &str) -> String {
 
 async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body: &[u8]) -> ApiResult<Response> {
     let fv = FieldValidation::from_query(q)?;
-    let (mut obj, warnings) = check_object(t.rt, request::decode_body(headers, body)?, fv)?;
+    let duplicates = request::duplicate_fields(headers, body);
+    let (mut obj, warnings) = check_object(t.rt, request::decode_body(headers, body)?, &duplicates, fv)?;
     let rt = t.rt;
     {
         let m = meta_mut(&mut obj);
@@ -558,6 +568,17 @@ pub(crate) async fn write_update(
 /// Shared by PUT and PATCH: turns the client's `new` into what is written over `old`.
 fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&str>) -> Value {
     match sub {
+        Some("status") if kinds::status_update_takes_metadata(rt) => {
+            // Everything but the spec goes through, as on the main resource.
+            keep_system_metadata(&mut new, old);
+            kinds::prepare_for_status_update(rt, &mut new, old);
+            let generation = old.pointer("/metadata/generation").cloned();
+            let m = meta_mut(&mut new);
+            match generation {
+                Some(g) => m.insert("generation".into(), g),
+                None => m.remove("generation"),
+            };
+        }
         Some("status") => {
             // Only status changes through /status.
             let status = new.get("status").cloned();
@@ -603,9 +624,11 @@ fn prepare_update(rt: &ResourceType, mut new: Value, old: &Value, sub: Option<&s
 }
 
 /// Shared by PUT and PATCH: the kind's validation of an update of the main resource (the
-/// `status` and `finalize` subresources change only what their preparation let through).
+/// `status` and `finalize` subresources change only what their preparation let through, but a
+/// status update that takes metadata changes has them validated as on the main resource).
 fn validate_update(rt: &ResourceType, new: &Value, old: &Value, sub: Option<&str>) -> ApiResult<()> {
-    if matches!(sub, Some("status" | "finalize")) {
+    let metadata_changes = sub == Some("status") && kinds::status_update_takes_metadata(rt);
+    if matches!(sub, Some("status" | "finalize")) && !metadata_changes {
         return Ok(());
     }
     let errors = kinds::validate_update(rt, new, old);
@@ -645,7 +668,8 @@ async fn update(
     let rt = t.rt;
     let name = t.name.as_deref().unwrap_or_default();
     let fv = FieldValidation::from_query(q)?;
-    let (new, warnings) = check_object(rt, request::decode_body(headers, body)?, fv)?;
+    let duplicates = request::duplicate_fields(headers, body);
+    let (new, warnings) = check_object(rt, request::decode_body(headers, body)?, &duplicates, fv)?;
     let body_name = objects::name(&new);
     if body_name != name {
         return Err(ApiError::bad_request(format!(
@@ -728,7 +752,7 @@ async fn patch(
     for _attempt in 0..16 {
         let (old, rev) = load(state, t, name).await?;
         let patched = apply_patch(rt, &ct, &old, body)?;
-        let (mut new, warnings) = check_object(rt, patched, fv)?;
+        let (mut new, warnings) = check_object(rt, patched, &[], fv)?;
         // A patch that names a resourceVersion is a precondition; otherwise retry on conflict.
         let explicit_rv = objects::resource_version(&new).is_some_and(|v| v != rev.to_string());
         if explicit_rv {

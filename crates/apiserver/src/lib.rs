@@ -4,6 +4,7 @@
 //! [`router`] builds the whole API as one axum `Router` (a tower `Service`), so tests can hand it
 //! straight to a `kube::Client`; [`server::run`] serves it over TLS with bearer-token auth.
 
+pub mod accessreview;
 pub mod admission;
 pub mod authn;
 pub mod authz;
@@ -89,7 +90,9 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/readyz", get(discovery::readyz))
         .route("/metrics", get(metrics::serve))
         .route("/api", get(discovery::api_versions))
+        .route("/api/", get(discovery::api_versions))
         .route("/apis", get(discovery::api_groups))
+        .route("/apis/", get(discovery::api_groups))
         .route("/openapi/v2", get(openapi::v2))
         .route("/openapi/v3", get(openapi::v3_index))
         .route("/openapi/v3/{*path}", get(openapi::v3_document))
@@ -103,6 +106,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         )
         .route("/api/v1/{*rest}", any(handlers::core_entry))
         .route("/apis/authentication.k8s.io/v1/tokenreviews", any(tokenreview::serve))
+        .route("/apis/authentication.k8s.io/v1/selfsubjectreviews", any(accessreview::self_subject))
+        .route("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", any(accessreview::self_subject_access))
+        .route("/apis/authorization.k8s.io/v1/subjectaccessreviews", any(accessreview::subject_access))
+        .route("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", any(accessreview::self_subject_rules))
         .route("/apis/{group}", get(discovery::group))
         .route("/apis/{group}/{version}", get(discovery::group_resources))
         .route("/apis/{group}/{version}/{*rest}", any(handlers::group_entry))

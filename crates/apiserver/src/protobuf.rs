@@ -57,6 +57,7 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
     ("batch", "k8s.io.api.batch"),
     ("policy", "k8s.io.api.policy"),
     ("authentication.k8s.io", "k8s.io.api.authentication"),
+    ("authorization.k8s.io", "k8s.io.api.authorization"),
     ("coordination.k8s.io", "k8s.io.api.coordination"),
     ("discovery.k8s.io", "k8s.io.api.discovery"),
     ("events.k8s.io", "k8s.io.api.events"),
@@ -1578,6 +1579,36 @@ mod tests {
             "apps/v1" "Deployment" apps::Deployment,
             "apps/v1" "ReplicaSet" apps::ReplicaSet,
             "discovery.k8s.io/v1" "EndpointSlice" discovery::EndpointSlice,
+        }
+    }
+
+    #[test]
+    fn the_review_kinds_with_every_field_set_round_trip_json_to_protobuf_and_back() {
+        use k8s_openapi::api::{authentication::v1 as authn, authorization::v1 as authz};
+        fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Value {
+            let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{}: {e}", v["kind"]));
+            serde_json::to_value(t).unwrap()
+        }
+        let schema = schema().unwrap();
+        type Through = fn(&Value) -> Value;
+        let kinds: [(&str, &str, Through); 5] = [
+            ("authorization.k8s.io/v1", "SelfSubjectAccessReview", typed::<authz::SelfSubjectAccessReview>),
+            ("authorization.k8s.io/v1", "SubjectAccessReview", typed::<authz::SubjectAccessReview>),
+            ("authorization.k8s.io/v1", "SelfSubjectRulesReview", typed::<authz::SelfSubjectRulesReview>),
+            ("authentication.k8s.io/v1", "SelfSubjectReview", typed::<authn::SelfSubjectReview>),
+            ("authentication.k8s.io/v1", "TokenReview", typed::<authn::TokenReview>),
+        ];
+        for (api_version, kind, through_k8s_openapi) in kinds {
+            let msg = schema.find(api_version, kind).unwrap_or_else(|| panic!("{api_version} {kind}"));
+            let mut examples = Examples { schema, n: 0, stack: Vec::new(), families: Default::default() };
+            let mut obj = Map::new();
+            obj.insert("apiVersion".into(), json!(api_version));
+            obj.insert("kind".into(), json!(kind));
+            examples.fields(msg, &mut obj);
+            let example = Value::Object(obj);
+            let back = decode(&encode(&example).unwrap_or_else(|e| panic!("{kind}: {e}"))).unwrap();
+            assert_eq!(difference(kind, &back, &example), None);
+            assert_eq!(difference(kind, &through_k8s_openapi(&example), &example), None);
         }
     }
 

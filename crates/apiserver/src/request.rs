@@ -172,6 +172,80 @@ pub fn decode_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> 
     Ok(value)
 }
 
+/// Paths of the fields a JSON body names twice in one object (`spec.replicas`,
+/// `spec.containers[0].image`), in the order met; decoding keeps the last value, as Go's does.
+/// Other media types (YAML refuses duplicate keys when decoding) have none here.
+pub fn duplicate_fields(headers: &HeaderMap, body: &[u8]) -> Vec<String> {
+    let ct = content_type(headers);
+    if !matches!(ct.as_str(), "" | "application/json" | "*/*") {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(body);
+    // A body that does not parse is rejected by `decode_body` with its own message.
+    let _ = serde::de::DeserializeSeed::deserialize(DuplicateScan { path: String::new(), out: &mut out }, &mut de);
+    out
+}
+
+/// Walks a JSON document, noting keys met twice in one object.
+struct DuplicateScan<'a> {
+    path: String,
+    out: &'a mut Vec<String>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DuplicateScan<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for DuplicateScan<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0;
+        while seq
+            .next_element_seed(DuplicateScan { path: format!("{}[{i}]", self.path), out: &mut *self.out })?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = if self.path.is_empty() { key.clone() } else { format!("{}.{key}", self.path) };
+            if !seen.insert(key) {
+                self.out.push(path.clone());
+            }
+            map.next_value_seed(DuplicateScan { path, out: &mut *self.out })?;
+        }
+        Ok(())
+    }
+}
+
 /// The response shape the client asked for in `Accept`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
@@ -234,6 +308,17 @@ mod tests {
         assert!(parse_target("node.k8s.io", "v1", "namespaces/x/runtimeclasses").is_err());
         assert!(parse_target("node.k8s.io", "v1", "runtimeclasses/gvisor").is_ok());
         assert!(parse_target("", "v1", "pods/x").is_err());
+    }
+
+    #[test]
+    fn fields_named_twice_are_found_at_every_depth_with_their_paths() {
+        let body = br#"{"spec": {"replicas": 2, "replicas": 3, "template": {"spec": {"containers": [{"name": "a", "image": "x", "image": "y"}]}}}, "kind": "Deployment"}"#;
+        assert_eq!(
+            duplicate_fields(&HeaderMap::new(), body),
+            vec!["spec.replicas".to_string(), "spec.template.spec.containers[0].image".to_string()]
+        );
+        let unique = br#"{"a": {"b": 1}, "c": {"b": 2}}"#;
+        assert!(duplicate_fields(&HeaderMap::new(), unique).is_empty());
     }
 
     #[test]

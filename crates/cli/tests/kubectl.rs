@@ -363,3 +363,39 @@ fn kubectl_creates_and_exposes_services_and_shows_their_endpoints() {
     let out = kubectl_until(&s, &["get", "services"], |o| !o.contains("db "));
     assert!(!out.contains("db "), "{out}");
 }
+
+#[test]
+fn kubectl_auth_can_i_list_and_whoami_answer_for_the_admin_and_for_a_node() {
+    let s = Server::start();
+    assert_eq!(s.kubectl_ok(&["auth", "can-i", "create", "pods"]).trim(), "yes");
+    let whoami = s.kubectl_ok(&["auth", "whoami"]);
+    assert!(whoami.contains("Username") && whoami.contains("admin"), "{whoami}");
+    assert!(whoami.contains("system:masters"), "{whoami}");
+    let list = s.kubectl_ok(&["auth", "can-i", "--list"]);
+    assert!(list.lines().any(|l| l.starts_with("*.*") && l.ends_with("[*]")), "{list}");
+
+    // A node's kubeconfig, as `berth server token create` prints it.
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["server", "token", "create", "--node", "node-a", "--data-dir"])
+        .arg(s.data_dir())
+        .output()
+        .expect("running berth server token create");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let node_kubeconfig = s.dir.path().join("node-a.kubeconfig");
+    std::fs::write(&node_kubeconfig, &out.stdout).unwrap();
+    let as_node = |args: &[&str]| {
+        Command::new("kubectl").env("KUBECONFIG", &node_kubeconfig).args(args).output().expect("running kubectl")
+    };
+    let can = as_node(&["auth", "can-i", "get", "pods"]);
+    assert!(can.status.success() && stdout(&can).trim() == "yes", "{}{}", stdout(&can), stderr(&can));
+    let cannot = as_node(&["auth", "can-i", "create", "deployments.apps"]);
+    assert!(!cannot.status.success(), "a denied can-i exits non-zero");
+    assert_eq!(stdout(&cannot).trim(), "no", "{}", stderr(&cannot));
+    let list = as_node(&["auth", "can-i", "--list"]);
+    let list = stdout(&list);
+    let pods = list.lines().find(|l| l.starts_with("pods ")).unwrap_or_else(|| panic!("no pods rule in:\n{list}"));
+    assert!(pods.ends_with("[create delete get list watch]"), "{pods}");
+    assert!(!list.contains("deployments.apps"), "{list}");
+    let whoami = as_node(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert_eq!(stdout(&whoami), "system:node:node-a", "{}", stderr(&whoami));
+}
