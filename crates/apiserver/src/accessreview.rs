@@ -270,6 +270,9 @@ fn user_info(user: &UserInfo) -> Value {
     if !user.uid.is_empty() {
         info["uid"] = json!(user.uid);
     }
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
     info
 }
 
@@ -335,6 +338,7 @@ fn subject(body: &Value) -> UserInfo {
         name: str_field(&spec, "user").to_string(),
         uid: str_field(&spec, "uid").to_string(),
         groups: groups.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+        ..Default::default()
     }
 }
 

@@ -31,11 +31,13 @@ pub const NODE_TOKEN_FILE: &str = "node-tokens.csv";
 pub const NODE_TOKENS_RECHECK: Duration = Duration::from_secs(1);
 
 /// The identity behind a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserInfo {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// More about the user (a pod-bound service account token's pod), by key.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl UserInfo {
@@ -94,6 +96,7 @@ impl TokenAuthenticator {
             name: "admin".into(),
             uid: String::new(),
             groups: vec![MASTERS_GROUP.into(), AUTHENTICATED_GROUP.into()],
+            ..Default::default()
         };
         Self { entries: vec![(admin_token.into_bytes(), admin)], node_tokens: None }
     }
@@ -294,7 +297,7 @@ fn parse_token_file(path: &Path, content: &str) -> Result<Entries, AuthnError> {
         if !groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
             groups.push(AUTHENTICATED_GROUP.into());
         }
-        let user = UserInfo { name, uid, groups };
+        let user = UserInfo { name, uid, groups, ..Default::default() };
         let token = token.into_bytes();
         match loaded.iter_mut().find(|(t, _)| *t == token) {
             Some(existing) => {
@@ -381,7 +384,8 @@ fn csv_record(fields: &[&str]) -> String {
 
 /// The token of a `Bearer` header, split like kube-apiserver does: the scheme and the token
 /// are separated by a single space and anything after a further space is ignored.
-fn bearer_token(header: &str) -> Option<&str> {
+/// The token of an `Authorization: Bearer <token>` header value.
+pub fn bearer_token(header: &str) -> Option<&str> {
     let (scheme, rest) = header.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
         return None;
@@ -503,7 +507,12 @@ mod tests {
         let alice = authn.authenticate(Some(&bearer("tok1"))).unwrap();
         assert_eq!(
             alice,
-            UserInfo { name: "alice".into(), uid: "uid-1".into(), groups: vec!["system:authenticated".into()] }
+            UserInfo {
+                name: "alice".into(),
+                uid: "uid-1".into(),
+                groups: vec!["system:authenticated".into()],
+                ..Default::default()
+            }
         );
         let bob = authn.authenticate(Some(&bearer("tok2"))).unwrap();
         assert_eq!(bob.name, "bob");
@@ -607,6 +616,7 @@ mod tests {
                 name: "system:node:node-a".into(),
                 uid: String::new(),
                 groups: vec!["system:nodes".into(), "system:authenticated".into()],
+                ..Default::default()
             }
         );
         let second = create_node_token(dir.path(), "node-a").unwrap();

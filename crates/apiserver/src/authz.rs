@@ -179,6 +179,7 @@ pub enum Referenced {
     Secret,
     ConfigMap,
     PersistentVolumeClaim,
+    ServiceAccount,
 }
 
 /// Decides whether `user` may make `request`; `graph` answers for the requesting node.
@@ -252,6 +253,7 @@ fn authorize_node(node: &str, r: &ResourceRequest, graph: &dyn NodeGraph) -> Dec
             static_rule(&["get", "list", "watch"])
         }
         ("authentication.k8s.io", "tokenreviews") => static_rule(&["create"]),
+        ("", "serviceaccounts") => create_token(node, r, graph),
         _ => deny(""),
     }
 }
@@ -288,6 +290,18 @@ fn related(node: &str, r: &ResourceRequest, kind: Referenced, graph: &dyn NodeGr
         return deny(format!("no relationship found between node '{node}' and this object"));
     }
     Decision::Allow
+}
+
+/// Tokens for the service accounts of pods on the node; NodeRestriction-like checks in the
+/// TokenRequest handler bind them to such a pod.
+fn create_token(node: &str, r: &ResourceRequest, graph: &dyn NodeGraph) -> Decision {
+    if r.verb != "create" || r.name.is_empty() {
+        return deny("can only create tokens for individual service accounts");
+    }
+    if r.subresource != "token" {
+        return deny("can only create token subresource of serviceaccount");
+    }
+    related(node, r, Referenced::ServiceAccount, graph)
 }
 
 fn lease(node: &str, r: &ResourceRequest) -> Decision {
@@ -373,7 +387,10 @@ pub async fn decide(state: &ApiState, user: &UserInfo, request: &Request) -> Api
     let graph = match (identity(user), request) {
         (Identity::Node(node), Request::Resource(r))
             if r.group.is_empty()
-                && matches!(r.resource.as_str(), "secrets" | "configmaps" | "persistentvolumeclaims")
+                && matches!(
+                    r.resource.as_str(),
+                    "secrets" | "configmaps" | "persistentvolumeclaims" | "serviceaccounts"
+                )
                 && !r.namespace.is_empty()
                 && !r.name.is_empty() =>
         {
@@ -432,6 +449,9 @@ impl PodReferences {
                 self.objects.insert((kind, namespace.clone(), name.to_string()));
             }
         };
+        if let Some(sa) = &spec.service_account_name {
+            add(Referenced::ServiceAccount, sa);
+        }
         for secret in spec.image_pull_secrets.iter().flatten() {
             add(Referenced::Secret, &secret.name);
         }
@@ -529,7 +549,7 @@ mod tests {
     use http::Method;
 
     fn user(name: &str, groups: &[&str]) -> UserInfo {
-        UserInfo { name: name.into(), uid: String::new(), groups: groups.iter().map(|g| g.to_string()).collect() }
+        UserInfo { name: name.into(), groups: groups.iter().map(|g| g.to_string()).collect(), ..Default::default() }
     }
 
     fn node_a() -> UserInfo {
@@ -751,6 +771,24 @@ mod tests {
     }
 
     #[test]
+    fn a_node_may_create_tokens_only_for_service_accounts_of_its_pods() {
+        let graph = |kind: Referenced, ns: &str, name: &str| {
+            (kind, ns, name) == (Referenced::ServiceAccount, "default", "robot")
+        };
+        let token = |name: &str| req(Method::POST, &format!("/api/v1/namespaces/default/serviceaccounts/{name}/token"));
+        assert_eq!(authorize(&node_a(), &token("robot"), &graph), Decision::Allow);
+        assert_eq!(
+            authorize(&node_a(), &token("other"), &graph),
+            deny("no relationship found between node 'node-a' and this object")
+        );
+        let get = req(Method::GET, "/api/v1/namespaces/default/serviceaccounts/robot");
+        assert_eq!(authorize(&node_a(), &get, &graph), deny("can only create tokens for individual service accounts"));
+        let mut pods = PodReferences::default();
+        pods.add_pod(&pod("node-a", json!({"serviceAccountName": "robot", "containers": []})));
+        assert!(pods.references(Referenced::ServiceAccount, "ns", "robot"));
+    }
+
+    #[test]
     fn a_node_may_write_events_and_read_runtime_classes_but_nothing_else() {
         for (method, path) in [
             (Method::POST, "/api/v1/namespaces/default/events"),
@@ -767,10 +805,13 @@ mod tests {
             (Method::GET, "/api/v1/namespaces/default/events"),
             (Method::POST, "/apis/node.k8s.io/v1/runtimeclasses"),
             (Method::DELETE, "/api/v1/namespaces/default"),
-            (Method::GET, "/api/v1/namespaces/default/serviceaccounts"),
         ] {
             assert_eq!(as_node_a(method.clone(), path), deny(""), "{method} {path}");
         }
+        assert_eq!(
+            as_node_a(Method::GET, "/api/v1/namespaces/default/serviceaccounts"),
+            deny("can only create tokens for individual service accounts")
+        );
         assert_eq!(
             denied_message(
                 &node_a(),

@@ -152,6 +152,10 @@ pub(crate) fn resource_list(group: &str, version: &str) -> Value {
         if rt.kind == "Namespace" {
             out.push(sub_entry(rt, "finalize", rt.kind, None, &["update"]));
         }
+        if rt.kind == "ServiceAccount" {
+            let group = Some((crate::tokenreview::GROUP, crate::tokenreview::VERSION));
+            out.push(sub_entry(rt, "token", "TokenRequest", group, &["create"]));
+        }
     }
     if (group, version) == (crate::tokenreview::GROUP, crate::tokenreview::VERSION) {
         out.extend(crate::tokenreview::api_resources());

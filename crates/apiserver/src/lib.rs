@@ -20,9 +20,11 @@ pub mod openapi;
 pub mod protobuf;
 pub mod proxy;
 pub mod request;
+pub mod satoken;
 pub mod server;
 pub mod services;
 pub mod tls;
+pub mod tokenrequest;
 pub mod tokenreview;
 pub mod watch;
 
@@ -55,6 +57,8 @@ pub struct ApiState {
     pub admission: admission::Admission,
     /// Where Services get their cluster IPs and node ports.
     pub services: services::ServiceNetwork,
+    /// Signs and verifies service account tokens; `None`: TokenRequest is unavailable.
+    pub service_account_tokens: Option<satoken::TokenKeys>,
 }
 
 impl ApiState {
@@ -77,7 +81,24 @@ impl ApiState {
         admission: admission::Admission,
         services: services::ServiceNetwork,
     ) -> Arc<Self> {
-        Arc::new(Self { store, authenticator, metrics: metrics::Metrics::new(), admission, services })
+        Self::with_service_account_tokens(store, authenticator, admission, services, None)
+    }
+
+    pub fn with_service_account_tokens(
+        store: Arc<dyn Store>,
+        authenticator: Option<authn::TokenAuthenticator>,
+        admission: admission::Admission,
+        services: services::ServiceNetwork,
+        service_account_tokens: Option<satoken::TokenKeys>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            authenticator,
+            metrics: metrics::Metrics::new(),
+            admission,
+            services,
+            service_account_tokens,
+        })
     }
 }
 
@@ -104,6 +125,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
             "/api/v1/namespaces/{namespace}/pods/{name}/portforward",
             get(proxy::portforward).post(proxy::portforward),
         )
+        .route("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", any(tokenrequest::serve))
         .route("/api/v1/{*rest}", any(handlers::core_entry))
         .route("/apis/authentication.k8s.io/v1/tokenreviews", any(tokenreview::serve))
         .route("/apis/authentication.k8s.io/v1/selfsubjectreviews", any(accessreview::self_subject))
@@ -133,7 +155,13 @@ async fn authenticate(State(state): State<Arc<ApiState>>, mut req: Request, next
     let mut user = None;
     if let Some(auth) = &state.authenticator {
         let header = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        match auth.authenticate(header) {
+        let mut found = auth.authenticate(header);
+        if found.is_none()
+            && let Some(token) = header.and_then(authn::bearer_token)
+        {
+            found = satoken::authenticate(&state, token).await;
+        }
+        match found {
             Some(known) => {
                 if let Err(e) =
                     authz::authorize_request(&state, &known, req.method(), req.uri().path(), req.uri().query()).await

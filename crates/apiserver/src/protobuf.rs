@@ -1591,12 +1591,13 @@ mod tests {
         }
         let schema = schema().unwrap();
         type Through = fn(&Value) -> Value;
-        let kinds: [(&str, &str, Through); 5] = [
+        let kinds: [(&str, &str, Through); 6] = [
             ("authorization.k8s.io/v1", "SelfSubjectAccessReview", typed::<authz::SelfSubjectAccessReview>),
             ("authorization.k8s.io/v1", "SubjectAccessReview", typed::<authz::SubjectAccessReview>),
             ("authorization.k8s.io/v1", "SelfSubjectRulesReview", typed::<authz::SelfSubjectRulesReview>),
             ("authentication.k8s.io/v1", "SelfSubjectReview", typed::<authn::SelfSubjectReview>),
             ("authentication.k8s.io/v1", "TokenReview", typed::<authn::TokenReview>),
+            ("authentication.k8s.io/v1", "TokenRequest", typed::<authn::TokenRequest>),
         ];
         for (api_version, kind, through_k8s_openapi) in kinds {
             let msg = schema.find(api_version, kind).unwrap_or_else(|| panic!("{api_version} {kind}"));

@@ -13,7 +13,7 @@ use berth_store::sqlite::SqliteStore;
 use crate::admission::Admission;
 use crate::authn::TokenAuthenticator;
 use crate::services::{self, ServiceNetwork};
-use crate::{ApiState, lifecycle, tls};
+use crate::{ApiState, lifecycle, satoken, tls};
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -32,6 +32,8 @@ pub struct ServerConfig {
     /// The address put into the `kubernetes` Service's endpoints; `None`: the bind address, or
     /// the default route's source address when bound to every address.
     pub advertise_address: Option<IpAddr>,
+    /// The service account token signing key, issuer and audiences.
+    pub service_accounts: satoken::KeyOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +48,8 @@ pub enum ServerError {
     Store(#[source] berth_store::StoreError),
     #[error("cannot prepare TLS and credentials")]
     Tls(#[source] tls::TlsError),
+    #[error("cannot load the service account key")]
+    ServiceAccountKey(#[source] satoken::KeyError),
     #[error("cannot load the token file")]
     Tokens(#[source] crate::authn::AuthnError),
     #[error("cannot create the system namespaces and the kubernetes service: {0}")]
@@ -106,7 +110,17 @@ impl PreparedServer {
             authn.load_token_file(path).map_err(ServerError::Tokens)?;
         }
         authn.watch_token_file(&cfg.data_dir.join(crate::authn::NODE_TOKEN_FILE)).map_err(ServerError::Tokens)?;
-        let state = ApiState::with_services(store, Some(authn), cfg.admission, cfg.service_network);
+        let sa = &cfg.service_accounts;
+        let keys = satoken::load_keys(
+            &cfg.data_dir,
+            sa.signing_key_file.as_deref(),
+            &sa.key_files,
+            &sa.issuer,
+            sa.api_audiences.clone(),
+        )
+        .map_err(ServerError::ServiceAccountKey)?;
+        let state =
+            ApiState::with_service_account_tokens(store, Some(authn), cfg.admission, cfg.service_network, Some(keys));
         lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
         let advertise = cfg.advertise_address.unwrap_or_else(|| services::advertise_address(cfg.bind_address));
         services::ensure_kubernetes_service(&state, advertise, cfg.secure_port)

@@ -5,6 +5,8 @@
 //! - `pki/ca.crt`, `pki/ca.key`: the cluster CA, created once and kept forever.
 //! - `pki/apiserver.crt`, `pki/apiserver.key`: the serving certificate, signed by the CA and
 //!   reissued when it stops covering the names clients use or is about to expire.
+//! - `pki/sa.key`: the service account token signing key (`crate::satoken`), created once
+//!   unless `--service-account-signing-key-file` names another.
 //! - `admin.token`: the admin bearer token, created once.
 //! - `admin.kubeconfig`: rewritten on every start, since address and port may change.
 //!

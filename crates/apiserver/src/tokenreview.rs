@@ -11,7 +11,7 @@ use http::{HeaderMap, Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::authn::TokenAuthenticator;
-use crate::{ApiError, ApiResult, ApiState, request};
+use crate::{ApiError, ApiResult, ApiState, request, satoken};
 
 pub const GROUP: &str = "authentication.k8s.io";
 pub const VERSION: &str = "v1";
@@ -40,7 +40,11 @@ pub async fn serve(State(state): State<Arc<ApiState>>, method: Method, headers: 
             )));
         }
         let body = request::decode_body(&headers, &request::read_body(body).await?)?;
-        review(state.authenticator.as_ref(), body)
+        let reviewed = review(state.authenticator.as_ref(), body)?;
+        if state.authenticator.is_some() && reviewed.pointer("/status/authenticated") == Some(&json!(false)) {
+            return Ok(review_service_account_token(&state, reviewed).await);
+        }
+        Ok(reviewed)
     }
     .await;
     let response = match result {
@@ -99,6 +103,26 @@ pub fn review(authn: Option<&TokenAuthenticator>, mut review: Value) -> ApiResul
         None => json!({"authenticated": false, "user": {}, "error": "invalid bearer token"}),
     };
     Ok(review)
+}
+
+/// Reviews the token of an unauthenticated review again as a service account token: good for
+/// the requested audiences (the API's by default) that it names.
+async fn review_service_account_token(state: &ApiState, mut review: Value) -> Value {
+    let Some(keys) = state.service_account_tokens.as_ref() else { return review };
+    let token = review.pointer("/spec/token").and_then(Value::as_str).unwrap_or_default();
+    let requested: Vec<String> = match review.pointer("/spec/audiences").and_then(Value::as_array) {
+        Some(list) if !list.is_empty() => list.iter().filter_map(Value::as_str).map(String::from).collect(),
+        _ => keys.api_audiences.clone(),
+    };
+    let Some(claims) = keys.verify(token, &requested, jiff::Timestamp::now().as_second()) else { return review };
+    if !satoken::verify_objects(state, &claims).await {
+        return review;
+    }
+    let user = claims.user();
+    let info = json!({"username": user.name, "uid": user.uid, "groups": user.groups, "extra": user.extra});
+    let audiences: Vec<&String> = requested.iter().filter(|a| claims.audiences.contains(a)).collect();
+    review["status"] = json!({"authenticated": true, "user": info, "audiences": audiences});
+    review
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ async fn created_pods_tolerate_not_ready_and_unreachable_nodes_for_five_minutes(
 #[tokio::test]
 async fn the_servers_seconds_apply_and_a_pods_own_toleration_is_kept() {
     let config = DefaultTolerationSeconds { not_ready: 60, unreachable: 120 };
-    let (client, _s, _d) = setup(Admission { default_toleration_seconds: config }).await;
+    let (client, _s, _d) = setup(Admission { default_toleration_seconds: config, ..Default::default() }).await;
     let pods: Api<Pod> = Api::default_namespaced(client);
     let own = json!({"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10});
     let created = pods.create(&PostParams::default(), &pod("web", json!({"tolerations": [own]}))).await.unwrap();

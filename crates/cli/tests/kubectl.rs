@@ -47,6 +47,15 @@ fn kubectl_applies_lists_describes_and_deletes_namespaces_pods_and_runtimeclasse
         assert!(ns.contains(want), "missing namespace {want} in:\n{ns}");
     }
     assert!(s.kubectl_ok(&["create", "namespace", "team-a"]).contains("namespace/team-a created"));
+    // The controllers give the new namespace its default ServiceAccount and the cluster CA.
+    let sa = kubectl_eventually(&s, &["get", "serviceaccount", "default", "-n", "team-a", "-o", "name"]);
+    assert_eq!(sa.trim(), "serviceaccount/default");
+    let ca = kubectl_eventually(
+        &s,
+        &["get", "configmap", "kube-root-ca.crt", "-n", "team-a", "-o", "jsonpath={.data.ca\\.crt}"],
+    );
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    assert_eq!(ca, kubeconfig_ca(&s), "kube-root-ca.crt holds the CA the admin kubeconfig trusts");
 
     let out = s.apply(RUNTIME_CLASSES);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -294,6 +303,73 @@ fn server_flags_set_the_seconds_of_the_default_tolerations() {
 }
 
 /// Polls kubectl until `f` accepts its output (the controllers work in the background).
+/// A child process killed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn controller_manager_alone_publishes_the_root_ca_file_it_is_given_to_every_namespace() {
+    let s = Server::start_with(&["--controllers=-*"]);
+    let ca = "-----BEGIN CERTIFICATE-----\nbundle from --root-ca-file\n-----END CERTIFICATE-----\n";
+    let ca_file = s.dir.path().join("bundle.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let log = std::fs::File::create(s.dir.path().join("controller-manager.log")).unwrap();
+    let _cm = Child(
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .arg("controller-manager")
+            .arg("--kubeconfig")
+            .arg(s.kubeconfig())
+            .arg("--root-ca-file")
+            .arg(&ca_file)
+            .args(["--leader-elect=false", "--controllers=serviceaccount,root-ca-cert-publisher"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting berth controller-manager"),
+    );
+    s.kubectl_ok(&["create", "namespace", "x"]);
+    kubectl_eventually(&s, &["get", "serviceaccount", "default", "-n", "x"]);
+    let published =
+        kubectl_eventually(&s, &["get", "configmap", "kube-root-ca.crt", "-n", "x", "-o", "jsonpath={.data.ca\\.crt}"]);
+    assert_eq!(published, ca);
+}
+
+/// The output of the first successful run of `kubectl args` within 30 s; panics with the last
+/// failure after that.
+fn kubectl_eventually(s: &Server, args: &[&str]) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = s.kubectl(args);
+        if out.status.success() {
+            return stdout(&out);
+        }
+        assert!(std::time::Instant::now() < deadline, "kubectl {args:?} kept failing: {}", stderr(&out));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The CA bundle (PEM) the admin kubeconfig trusts, decoded from its certificate-authority-data.
+fn kubeconfig_ca(s: &Server) -> String {
+    let data =
+        s.kubectl_ok(&["config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}"]);
+    let mut base64 = Command::new("base64")
+        .arg("--decode")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running base64");
+    std::io::Write::write_all(&mut base64.stdin.take().unwrap(), data.trim().as_bytes()).unwrap();
+    let out = base64.wait_with_output().unwrap();
+    assert!(out.status.success(), "base64 --decode: {}", stderr(&out));
+    stdout(&out)
+}
+
 fn kubectl_until(s: &Server, args: &[&str], f: impl Fn(&str) -> bool) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -398,4 +474,30 @@ fn kubectl_auth_can_i_list_and_whoami_answer_for_the_admin_and_for_a_node() {
     assert!(!list.contains("deployments.apps"), "{list}");
     let whoami = as_node(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
     assert_eq!(stdout(&whoami), "system:node:node-a", "{}", stderr(&whoami));
+}
+
+#[test]
+fn kubectl_create_token_prints_a_jwt_that_kubectl_can_use() {
+    let s = Server::start();
+    // Applied rather than created: the ServiceAccount controller may have made it already.
+    let out = s.apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let token = s.kubectl_ok(&[
+        "create",
+        "token",
+        "default",
+        "--duration",
+        "20m",
+        "--audience",
+        "https://kubernetes.default.svc.cluster.local",
+    ]);
+    let token = token.trim();
+    assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+    let out = s.kubectl(&["--token", token, "get", "configmaps", "-o", "name"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let whoami = s.kubectl_ok(&["--token", token, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]);
+    assert_eq!(whoami, "system:serviceaccount:default:default");
+    let out = s.kubectl(&["create", "token", "nobody"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("serviceaccounts \"nobody\" not found"), "{}", stderr(&out));
 }

@@ -46,3 +46,29 @@ fn tokens_from_the_token_file_authenticate_and_others_are_refused() {
         stderr(&refused)
     );
 }
+
+#[test]
+fn the_service_account_admission_plugin_and_issuer_follow_the_flags() {
+    let s = Server::start_with(&[
+        "--enable-admission-plugins",
+        "ServiceAccount",
+        "--service-account-issuer",
+        "https://issuer.example",
+    ]);
+    let missing = r#"{"spec": {"serviceAccountName": "nobody"}}"#;
+    let out = s.kubectl(&["run", "early", "--image=busybox", "--overrides", missing]);
+    assert!(!out.status.success(), "a pod naming a missing ServiceAccount is refused");
+    let err = stderr(&out);
+    assert!(
+        err.contains("error looking up service account default/nobody: serviceaccount \"nobody\" not found"),
+        "{err}"
+    );
+    let out = s.apply("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n");
+    assert!(out.status.success(), "{}", stderr(&out));
+    s.kubectl_ok(&["run", "web", "--image=busybox"]);
+    let mounts = s.kubectl_ok(&["get", "pod", "web", "-o", "jsonpath={.spec.containers[0].volumeMounts[0].mountPath}"]);
+    assert_eq!(mounts, "/var/run/secrets/kubernetes.io/serviceaccount");
+    let token = s.kubectl_ok(&["create", "token", "default"]);
+    let token = token.trim();
+    assert!(s.kubectl(&["--token", token, "get", "pods"]).status.success(), "the issuer is also the API's audience");
+}

@@ -1,5 +1,5 @@
 //! The controllers of the control plane (ReplicaSet, Deployment, garbage collector, node lifecycle, namespace,
-//! EndpointSlice, Endpoints), through the Kubernetes API only.
+//! EndpointSlice, Endpoints, ServiceAccount, root CA publisher), through the Kubernetes API only.
 //!
 //! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
 //! on kube's controller runtime (reflectors, `Controller`, reconcile → `Action`), with its
@@ -12,7 +12,10 @@ pub mod endpoints;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod node_lifecycle;
+pub(crate) mod per_namespace;
 pub mod replicaset;
+pub mod root_ca_publisher;
+pub mod serviceaccount;
 pub(crate) mod workloads;
 
 use std::collections::BTreeSet;
@@ -27,8 +30,21 @@ pub const COMPONENT: &str = "controller-manager";
 const EVENT_QUEUE: usize = 1000;
 
 /// Every controller, by the names kube-controller-manager's `--controllers` flag uses.
-pub const CONTROLLERS: &[&str] =
-    &["replicaset", "deployment", "garbagecollector", "nodelifecycle", "namespace", "endpointslice", "endpoint"];
+pub const CONTROLLERS: &[&str] = &[
+    "replicaset",
+    "deployment",
+    "garbagecollector",
+    "nodelifecycle",
+    "namespace",
+    "endpointslice",
+    "endpoint",
+    "serviceaccount",
+    "root-ca-cert-publisher",
+];
+
+/// kube-controller-manager's long names that are not a controller's name with `-controller`
+/// added, as [`enabled`] compares them (dashes dropped), with the controller they name.
+const ALIASES: &[(&str, &str)] = &[("rootcacertificatepublisher", "root-ca-cert-publisher")];
 
 /// Settings of the controllers (kube-controller-manager's flags and defaults).
 #[derive(Clone, Debug)]
@@ -39,6 +55,9 @@ pub struct Config {
     pub node_monitor_period: Duration,
     /// Nodes whose pods are evicted per second (`--node-eviction-rate`).
     pub node_eviction_rate: f64,
+    /// The cluster's CA bundle (PEM) that the root CA publisher puts in every namespace
+    /// (`--root-ca-file`); without it the publisher does not run.
+    pub root_ca: Option<String>,
 }
 
 impl Default for Config {
@@ -47,6 +66,7 @@ impl Default for Config {
             node_monitor_grace_period: Duration::from_secs(50),
             node_monitor_period: Duration::from_secs(5),
             node_eviction_rate: 0.1,
+            root_ca: None,
         }
     }
 }
@@ -67,7 +87,8 @@ impl Context {
 
 /// The controllers `--controllers` names: `*` is all of them, `name` adds one, `-name` removes
 /// one (later entries win), as kube-controller-manager reads it; names may carry its
-/// `-controller` suffix (`replicaset-controller`, `garbage-collector-controller`).
+/// `-controller` suffix (`replicaset-controller`, `garbage-collector-controller`), and dashes
+/// are not significant (`root-ca-cert-publisher`, `rootcacertpublisher`).
 pub fn enabled(spec: &[String]) -> Result<BTreeSet<&'static str>, String> {
     let mut on = BTreeSet::new();
     for item in spec.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
@@ -79,7 +100,8 @@ pub fn enabled(spec: &[String]) -> Result<BTreeSet<&'static str>, String> {
             CONTROLLERS.to_vec()
         } else {
             let bare = name.strip_suffix("-controller").unwrap_or(name).replace('-', "");
-            match CONTROLLERS.iter().find(|c| **c == bare) {
+            let bare = ALIASES.iter().find(|(long, _)| *long == bare).map_or(bare, |(_, c)| c.replace('-', ""));
+            match CONTROLLERS.iter().find(|c| c.replace('-', "") == bare) {
                 Some(c) => vec![*c],
                 None => {
                     return Err(format!(
@@ -134,6 +156,14 @@ pub async fn run(ctx: Arc<Context>, enabled: &BTreeSet<&'static str>) {
             "namespace" => tasks.spawn(namespace::run(ctx)),
             "endpointslice" => tasks.spawn(endpoints::run_endpoint_slices(ctx)),
             "endpoint" => tasks.spawn(endpoints::run_endpoints(ctx)),
+            "serviceaccount" => tasks.spawn(serviceaccount::run(ctx)),
+            "root-ca-cert-publisher" => match ctx.config.root_ca.clone() {
+                Some(ca) => tasks.spawn(root_ca_publisher::run(ctx, ca)),
+                None => {
+                    tracing::info!(controller = name, "no root CA bundle (--root-ca-file): controller not started");
+                    continue;
+                }
+            },
             _ => continue,
         };
         tracing::info!(controller = name, "controller started");
@@ -169,6 +199,16 @@ mod tests {
         let on =
             enabled(&spec("replicaset-controller,garbage-collector-controller,node-lifecycle-controller")).unwrap();
         assert_eq!(on.into_iter().collect::<Vec<_>>(), vec!["garbagecollector", "nodelifecycle", "replicaset"]);
+    }
+
+    #[test]
+    fn the_root_ca_publisher_answers_to_its_short_long_and_dashless_names() {
+        for name in ["root-ca-cert-publisher", "rootcacertpublisher", "root-ca-certificate-publisher-controller"] {
+            let on = enabled(&spec(&format!("-*,{name}"))).unwrap();
+            assert_eq!(on.into_iter().collect::<Vec<_>>(), vec!["root-ca-cert-publisher"], "{name}");
+        }
+        let on = enabled(&spec("*,-serviceaccount-controller")).unwrap();
+        assert!(!on.contains("serviceaccount") && on.contains("root-ca-cert-publisher"));
     }
 
     #[test]

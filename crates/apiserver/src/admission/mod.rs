@@ -10,13 +10,14 @@
 //! | plugin                     | phase                | operations             | does                                                        |
 //! |----------------------------|----------------------|------------------------|-------------------------------------------------------------|
 //! | `NamespaceLifecycle`       | mutating             | create, delete         | no content in missing or terminating namespaces; `default`, `kube-system`, `kube-public` are not deleted |
+//! | `ServiceAccount`           | mutating             | create (pods)          | the pod's ServiceAccount must exist; its token volume is mounted (off unless enabled) |
 //! | `NodeRestriction`          | mutating             | create, update, delete | what a node's own user may write                            |
 //! | `DefaultTolerationSeconds` | mutating             | create, update (pods)  | `not-ready`/`unreachable` NoExecute tolerations for 300 s   |
 //! | `RuntimeClass`             | mutating, validating | create (pods)          | berth's default class; the class's overhead and scheduling; overhead checked |
 //!
 //! Kubernetes' `Priority` plugin has no PriorityClass to read here: its one effect, priority 0
 //! for pods, is part of pod defaulting (`berth_api::kinds::prepare_for_create`). The other
-//! default plugins (LimitRanger, ServiceAccount, ResourceQuota, webhooks, ...) concern resources
+//! default plugins (LimitRanger, ResourceQuota, webhooks, ...) concern resources
 //! berth does not serve.
 //!
 //! The handlers call [`create`], [`update`] or [`delete`] once per write, after defaulting and
@@ -27,6 +28,7 @@ pub mod default_toleration_seconds;
 pub mod namespace_lifecycle;
 pub mod node_restriction;
 pub mod runtime_class;
+pub mod service_account;
 
 pub use berth_api::admission::DefaultTolerationSeconds;
 use serde_json::Value;
@@ -60,19 +62,29 @@ pub struct Attributes<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plugin {
     NamespaceLifecycle,
+    ServiceAccount,
     NodeRestriction,
     DefaultTolerationSeconds,
     RuntimeClass,
 }
 
 /// The chain, in kube-apiserver's order.
-pub const CHAIN: [Plugin; 4] =
-    [Plugin::NamespaceLifecycle, Plugin::NodeRestriction, Plugin::DefaultTolerationSeconds, Plugin::RuntimeClass];
+pub const CHAIN: [Plugin; 5] = [
+    Plugin::NamespaceLifecycle,
+    Plugin::ServiceAccount,
+    Plugin::NodeRestriction,
+    Plugin::DefaultTolerationSeconds,
+    Plugin::RuntimeClass,
+];
+
+/// The plugins a server may turn on or off by name; the others always run.
+pub const OPTIONAL: [Plugin; 1] = [Plugin::ServiceAccount];
 
 impl Plugin {
     pub fn name(self) -> &'static str {
         match self {
             Plugin::NamespaceLifecycle => "NamespaceLifecycle",
+            Plugin::ServiceAccount => "ServiceAccount",
             Plugin::NodeRestriction => "NodeRestriction",
             Plugin::DefaultTolerationSeconds => "DefaultTolerationSeconds",
             Plugin::RuntimeClass => "RuntimeClass",
@@ -87,7 +99,7 @@ impl Plugin {
             Plugin::NamespaceLifecycle => matches!(op, Operation::Create | Operation::Delete),
             Plugin::NodeRestriction => true,
             Plugin::DefaultTolerationSeconds => matches!(op, Operation::Create | Operation::Update),
-            Plugin::RuntimeClass => op == Operation::Create,
+            Plugin::RuntimeClass | Plugin::ServiceAccount => op == Operation::Create,
         }
     }
 
@@ -107,6 +119,39 @@ impl Plugin {
 pub struct Admission {
     /// `--default-not-ready-toleration-seconds`, `--default-unreachable-toleration-seconds`.
     pub default_toleration_seconds: DefaultTolerationSeconds,
+    /// The ServiceAccount plugin runs (`--enable-admission-plugins=ServiceAccount`). Off by
+    /// default until every namespace gets its `default` ServiceAccount.
+    pub service_account: bool,
+}
+
+impl Admission {
+    /// Whether `plugin` runs with these settings.
+    pub fn enabled(&self, plugin: Plugin) -> bool {
+        plugin != Plugin::ServiceAccount || self.service_account
+    }
+
+    /// Applies `--enable-admission-plugins` and `--disable-admission-plugins` (names as
+    /// Kubernetes spells them); a name of a plugin berth lacks or always runs is an error.
+    pub fn set_plugins(&mut self, enable: &[String], disable: &[String]) -> Result<(), String> {
+        for (names, on) in [(enable, true), (disable, false)] {
+            for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+                match OPTIONAL.iter().find(|p| p.name() == name) {
+                    Some(Plugin::ServiceAccount) => self.service_account = on,
+                    Some(_) => {}
+                    None if CHAIN.iter().any(|p| p.name() == name) => {
+                        if !on {
+                            return Err(format!("admission plugin {name:?} cannot be disabled in berth"));
+                        }
+                    }
+                    None => return Err(format!("unknown admission plugin {name:?}")),
+                }
+            }
+        }
+        if enable.iter().any(|e| disable.contains(e)) {
+            return Err("an admission plugin cannot be both enabled and disabled".into());
+        }
+        Ok(())
+    }
 }
 
 /// What one run of the chain carries from the mutating phase to the validating one.
@@ -157,13 +202,14 @@ async fn run(
     validate: impl FnOnce(&Value) -> ApiResult<()>,
 ) -> ApiResult<()> {
     let mut run = Run::default();
-    for plugin in CHAIN.into_iter().filter(|p| p.mutates() && p.handles(attrs.operation)) {
+    let enabled = |p: &Plugin| state.admission.enabled(*p) && p.handles(attrs.operation);
+    for plugin in CHAIN.into_iter().filter(|p| p.mutates() && enabled(p)) {
         admit(plugin, state, attrs, obj.as_deref_mut(), &mut run).await.inspect_err(|e| rejected(plugin, attrs, e))?;
     }
     if let Some(obj) = obj.as_deref() {
         validate(obj)?;
     }
-    for plugin in CHAIN.into_iter().filter(|p| p.validates() && p.handles(attrs.operation)) {
+    for plugin in CHAIN.into_iter().filter(|p| p.validates() && enabled(p)) {
         check(plugin, attrs, obj.as_deref(), &run).inspect_err(|e| rejected(plugin, attrs, e))?;
     }
     Ok(())
@@ -190,6 +236,10 @@ async fn admit(
 ) -> ApiResult<()> {
     match plugin {
         Plugin::NamespaceLifecycle => namespace_lifecycle::admit(state, attrs).await,
+        Plugin::ServiceAccount => match obj {
+            Some(obj) => service_account::admit(state, attrs, obj).await,
+            None => Ok(()),
+        },
         Plugin::NodeRestriction => node_restriction::admit(attrs, obj.as_deref()),
         Plugin::DefaultTolerationSeconds => match obj {
             Some(obj) => default_toleration_seconds::admit(&state.admission.default_toleration_seconds, attrs, obj),
@@ -217,7 +267,26 @@ mod tests {
     #[test]
     fn the_chain_keeps_kube_apiservers_order() {
         let names: Vec<&str> = CHAIN.iter().map(|p| p.name()).collect();
-        assert_eq!(names, ["NamespaceLifecycle", "NodeRestriction", "DefaultTolerationSeconds", "RuntimeClass"]);
+        assert_eq!(
+            names,
+            ["NamespaceLifecycle", "ServiceAccount", "NodeRestriction", "DefaultTolerationSeconds", "RuntimeClass"]
+        );
+    }
+
+    #[test]
+    fn the_service_account_plugin_is_off_unless_enabled_by_name() {
+        let mut a = Admission::default();
+        assert!(!a.enabled(Plugin::ServiceAccount) && a.enabled(Plugin::NodeRestriction));
+        a.set_plugins(&["ServiceAccount".into()], &[]).unwrap();
+        assert!(a.enabled(Plugin::ServiceAccount));
+        a.set_plugins(&[], &["ServiceAccount".into()]).unwrap();
+        assert!(!a.enabled(Plugin::ServiceAccount));
+        assert_eq!(
+            a.set_plugins(&["AlwaysPullImages".into()], &[]),
+            Err("unknown admission plugin \"AlwaysPullImages\"".into())
+        );
+        assert!(a.set_plugins(&[], &["NodeRestriction".into()]).is_err());
+        assert!(a.set_plugins(&["NodeRestriction".into()], &[]).is_ok(), "enabling one that always runs is harmless");
     }
 
     #[test]

@@ -231,7 +231,7 @@ mod tests {
     use serde_json::json;
 
     fn user(name: &str, groups: &[&str]) -> UserInfo {
-        UserInfo { name: name.into(), uid: String::new(), groups: groups.iter().map(|g| g.to_string()).collect() }
+        UserInfo { name: name.into(), groups: groups.iter().map(|g| g.to_string()).collect(), ..Default::default() }
     }
 
     fn node_a() -> UserInfo {

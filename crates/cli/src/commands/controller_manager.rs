@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use berth_controllers::{Config, Context};
 
 use super::leading::{client, lead, parse_go_duration, shutdown_signal};
@@ -15,7 +16,8 @@ const LEASE_NAME: &str = "kube-controller-manager";
 #[derive(clap::Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `*` for all, `name` to add one, `-name` to remove one
-    /// (replicaset, deployment, garbagecollector, nodelifecycle, namespace, endpointslice, endpoint).
+    /// (replicaset, deployment, garbagecollector, nodelifecycle, namespace, endpointslice, endpoint,
+    /// serviceaccount, root-ca-cert-publisher).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// A node that renews neither its Lease nor its status for this long is unreachable.
@@ -30,11 +32,14 @@ pub struct ControllerArgs {
 }
 
 impl ControllerArgs {
-    pub fn config(&self) -> Config {
+    /// The controllers' settings, with the cluster CA bundle (PEM) the root CA publisher puts
+    /// in every namespace, if there is one.
+    pub fn config(&self, root_ca: Option<String>) -> Config {
         Config {
             node_monitor_grace_period: self.node_monitor_grace_period,
             node_monitor_period: self.node_monitor_period,
             node_eviction_rate: self.node_eviction_rate,
+            root_ca,
         }
     }
 }
@@ -47,26 +52,36 @@ pub struct Args {
     /// Elect one leader (Lease kube-system/kube-controller-manager) before running.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
+    /// The cluster's CA bundle (PEM), published as `ca.crt` of the ConfigMap `kube-root-ca.crt`
+    /// in every namespace; without it the root-ca-cert-publisher controller does not run.
+    #[arg(long, value_name = "PATH")]
+    root_ca_file: Option<PathBuf>,
     #[command(flatten)]
     controllers: ControllerArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let enabled = berth_controllers::enabled(&args.controllers.controllers).map_err(anyhow::Error::msg)?;
+    let root_ca = match &args.root_ca_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the root CA file {}", path.display()))?,
+        ),
+        None => None,
+    };
     let client = client(args.kubeconfig.as_deref()).await?;
-    manage(client, &args.controllers, args.leader_elect, enabled, shutdown_signal()).await;
+    manage(client, args.controllers.config(root_ca), args.leader_elect, enabled, shutdown_signal()).await;
     Ok(())
 }
 
 /// Runs the `enabled` controllers until `shutdown`, as leader only when leader election is on.
 pub async fn manage(
     client: kube::Client,
-    args: &ControllerArgs,
+    config: Config,
     leader_elect: bool,
     enabled: std::collections::BTreeSet<&'static str>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let config = args.config();
     let lease_client = client.clone();
     let work = move || {
         // A fresh context per term: caches start from a fresh list after a leader change.

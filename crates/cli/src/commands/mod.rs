@@ -8,5 +8,6 @@ pub mod leading;
 pub mod runtime;
 pub mod scheduler;
 pub mod server;
+pub mod server_flags;
 pub mod status;
 pub mod up;

@@ -100,6 +100,10 @@ struct ServeArgs {
     #[arg(long)]
     no_scheduler: bool,
     #[command(flatten)]
+    service_accounts: super::server_flags::ServiceAccountArgs,
+    #[command(flatten)]
+    admission_plugins: super::server_flags::AdmissionPluginArgs,
+    #[command(flatten)]
     scheduling: SchedulingArgs,
     #[command(flatten)]
     controllers: ControllerArgs,
@@ -113,7 +117,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
-    let cfg = ServerConfig {
+    let mut cfg = ServerConfig {
         data_dir: args.data_dir,
         bind_address: args.bind_address,
         secure_port: args.secure_port,
@@ -126,13 +130,16 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
                 not_ready: args.default_not_ready_toleration_seconds,
                 unreachable: args.default_unreachable_toleration_seconds,
             },
+            ..Default::default()
         },
         service_network: ServiceNetwork {
             cluster_ip_range: args.service_cluster_ip_range,
             node_port_range: args.service_node_port_range,
         },
         advertise_address: args.advertise_address,
+        service_accounts: args.service_accounts.options(),
     };
+    args.admission_plugins.apply(&mut cfg.admission)?;
     let enabled = berth_controllers::enabled(&args.controllers.controllers).map_err(anyhow::Error::msg)?;
     let server = PreparedServer::prepare(&cfg).await.context("berth server failed")?;
     let mut parts = Vec::new();
@@ -152,11 +159,13 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
     }
     if !enabled.is_empty() {
         // The controllers too (--controllers=-* runs none: use `berth controller-manager`).
+        // The root CA publisher hands out the CA `prepare` keeps in the data dir.
+        let ca_file = cfg.data_dir.join("pki").join("ca.crt");
+        let root_ca = std::fs::read_to_string(&ca_file)
+            .with_context(|| format!("cannot read the cluster CA {}", ca_file.display()))?;
         let client = kube::Client::new(server.local_service(), "default");
-        let (controllers, leader_elect) = (args.controllers.clone(), args.scheduling.leader_elect);
-        parts.push(tokio::spawn(async move {
-            manage(client, &controllers, leader_elect, enabled, shutdown_signal()).await
-        }));
+        let (config, leader_elect) = (args.controllers.config(Some(root_ca)), args.scheduling.leader_elect);
+        parts.push(tokio::spawn(async move { manage(client, config, leader_elect, enabled, shutdown_signal()).await }));
     }
     let served = server.serve().await.context("berth server failed");
     // The parts saw the same signal: let them give their leases up while the API still answers.

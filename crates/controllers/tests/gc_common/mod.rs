@@ -62,6 +62,7 @@ pub fn fast_config() -> Config {
         node_monitor_grace_period: Duration::from_secs(2),
         node_monitor_period: Duration::from_millis(100),
         node_eviction_rate: 10.0,
+        ..Config::default()
     }
 }
 
