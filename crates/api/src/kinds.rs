@@ -49,6 +49,8 @@ enum Kind {
     RuntimeClass,
     Deployment,
     ReplicaSet,
+    ReplicationController,
+    PodTemplate,
     Service,
     Endpoints,
     EndpointSlice,
@@ -69,6 +71,8 @@ fn kind_of(rt: &ResourceType) -> Kind {
         ("node.k8s.io", "RuntimeClass") => Kind::RuntimeClass,
         ("apps", "Deployment") => Kind::Deployment,
         ("apps", "ReplicaSet") => Kind::ReplicaSet,
+        ("", "ReplicationController") => Kind::ReplicationController,
+        ("", "PodTemplate") => Kind::PodTemplate,
         ("", "Service") => Kind::Service,
         ("", "Endpoints") => Kind::Endpoints,
         ("discovery.k8s.io", "EndpointSlice") => Kind::EndpointSlice,
@@ -118,6 +122,8 @@ pub fn garbage_collection_policy(rt: &ResourceType) -> GarbageCollectionPolicy {
         | Kind::RuntimeClass
         | Kind::Deployment
         | Kind::ReplicaSet
+        | Kind::ReplicationController
+        | Kind::PodTemplate
         | Kind::Service
         | Kind::Endpoints
         | Kind::EndpointSlice
@@ -337,6 +343,31 @@ fn default_replica_set(rs: &mut apps::ReplicaSet) {
     }
 }
 
+/// `SetDefaults_ReplicationController`: with template labels, an empty selector and empty object
+/// labels both take them; replicas default to 1.
+fn default_replication_controller(rc: &mut core::ReplicationController) {
+    let spec = rc.spec.get_or_insert_with(Default::default);
+    let template_labels = spec.template.as_ref().and_then(|t| t.metadata.as_ref()).and_then(|m| m.labels.clone());
+    if let Some(labels) = template_labels {
+        if spec.selector.as_ref().is_none_or(BTreeMap::is_empty) {
+            spec.selector = Some(labels.clone());
+        }
+        if rc.metadata.labels.as_ref().is_none_or(BTreeMap::is_empty) {
+            rc.metadata.labels = Some(labels);
+        }
+    }
+    spec.replicas.get_or_insert(1);
+    if let Some(t) = spec.template.as_mut() {
+        default_pod_spec(t.spec.get_or_insert_with(Default::default));
+    }
+}
+
+fn default_pod_template(pt: &mut core::PodTemplate) {
+    if let Some(t) = pt.template.as_mut() {
+        default_pod_spec(t.spec.get_or_insert_with(Default::default));
+    }
+}
+
 /// Secret `stringData` is write-only: its entries replace `data` entries.
 fn default_secret(secret: &mut core::Secret) {
     if s(&secret.type_).is_empty() {
@@ -405,6 +436,15 @@ pub fn prepare_for_create(rt: &ResourceType, obj: &mut Value) {
             rs.status = Some(Default::default());
             rs.metadata.generation = Some(1);
         }),
+        Kind::ReplicationController => edit::<core::ReplicationController>(obj, |rc| {
+            default_replication_controller(rc);
+            rc.status = Some(Default::default());
+            rc.metadata.generation = Some(1);
+        }),
+        Kind::PodTemplate => edit::<core::PodTemplate>(obj, |pt| {
+            default_pod_template(pt);
+            pt.metadata.generation = Some(1);
+        }),
         Kind::Service => edit::<core::Service>(obj, |svc| {
             svc.status = None;
             crate::service::default_service(svc);
@@ -470,6 +510,24 @@ pub fn prepare_for_update(rt: &ResourceType, new: &mut Value, old: &Value) {
                 default_replica_set(rs);
                 if !semantically_equal(&rs.spec, &old_rs.spec) {
                     rs.metadata.generation = Some(old_rs.metadata.generation.unwrap_or(0) + 1);
+                }
+            })
+        }
+        Kind::ReplicationController => {
+            let Some(old_rc) = decode::<core::ReplicationController>(old) else { return };
+            edit::<core::ReplicationController>(new, |rc| {
+                default_replication_controller(rc);
+                if !semantically_equal(&rc.spec, &old_rc.spec) {
+                    rc.metadata.generation = Some(old_rc.metadata.generation.unwrap_or(0) + 1);
+                }
+            })
+        }
+        Kind::PodTemplate => {
+            let Some(old_pt) = decode::<core::PodTemplate>(old) else { return };
+            edit::<core::PodTemplate>(new, |pt| {
+                default_pod_template(pt);
+                if !semantically_equal(&pt.template, &old_pt.template) {
+                    pt.metadata.generation = Some(old_pt.metadata.generation.unwrap_or(0) + 1);
                 }
             })
         }
@@ -1224,6 +1282,65 @@ fn validate_replica_set(rs: &apps::ReplicaSet, raw: &Value) -> Vec<FieldError> {
     errs
 }
 
+/// `ValidatePodTemplateSpec`: the template's labels, annotations and pod spec.
+fn validate_pod_template_spec(template: &core::PodTemplateSpec, path: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let meta = template.metadata.clone().unwrap_or_default();
+    if let Some(l) = &meta.labels {
+        errs.extend(validate_labels(l, &format!("{path}.metadata.labels")));
+    }
+    if let Some(a) = &meta.annotations {
+        errs.extend(validate_annotations(a, &format!("{path}.metadata.annotations")));
+    }
+    errs.extend(validate_pod_spec(&template.spec.clone().unwrap_or_default(), &format!("{path}.spec")));
+    errs
+}
+
+/// `ValidateReplicationControllerSpec`: a non-empty selector matching the template's labels,
+/// non-negative counts, and a template whose pods always restart and have no deadline.
+fn validate_replication_controller(rc: &core::ReplicationController) -> Vec<FieldError> {
+    let mut errs = validate_object_meta(&rc.metadata, true, false);
+    let spec = rc.spec.clone().unwrap_or_default();
+    errs.extend(validate_nonnegative(i64::from(spec.min_ready_seconds.unwrap_or(0)), "spec.minReadySeconds"));
+    let selector = spec.selector.clone().unwrap_or_default();
+    if selector.is_empty() {
+        errs.push(FieldError::required("spec.selector", ""));
+    }
+    errs.extend(validate_nonnegative(i64::from(spec.replicas.unwrap_or(0)), "spec.replicas"));
+    let Some(template) = &spec.template else {
+        errs.push(FieldError::required("spec.template", ""));
+        return errs;
+    };
+    let labels = template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    if !selector.is_empty() && !selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        errs.push(FieldError::invalid_raw(
+            "spec.template.metadata.labels",
+            json_of(&labels),
+            "`selector` does not match template `labels`",
+        ));
+    }
+    errs.extend(validate_pod_template_spec(template, "spec.template"));
+    let pod_spec = template.spec.clone().unwrap_or_default();
+    let restart = s(&pod_spec.restart_policy);
+    if restart != "Always" {
+        errs.push(FieldError::not_supported("spec.template.spec.restartPolicy", restart, &["Always"]));
+    }
+    if pod_spec.active_deadline_seconds.is_some() {
+        errs.push(FieldError::forbidden(
+            "spec.template.spec.activeDeadlineSeconds",
+            "activeDeadlineSeconds in ReplicationController is not Supported",
+        ));
+    }
+    errs
+}
+
+/// `ValidatePodTemplate`: metadata and a template (an absent one is validated as empty).
+fn validate_pod_template(pt: &core::PodTemplate) -> Vec<FieldError> {
+    let mut errs = validate_object_meta(&pt.metadata, true, false);
+    errs.extend(validate_pod_template_spec(&pt.template.clone().unwrap_or_default(), "template"));
+    errs
+}
+
 fn immutable_selector(new: &K8sLabelSelector, old: &K8sLabelSelector) -> Vec<FieldError> {
     if semantically_equal(new, old) {
         Vec::new()
@@ -1260,6 +1377,8 @@ pub fn validate_create(rt: &ResourceType, obj: &Value) -> Vec<FieldError> {
         Kind::RuntimeClass => decode(obj).map(|rc| validate_runtime_class(&rc)).unwrap_or_default(),
         Kind::Deployment => decode(obj).map(|d| validate_deployment(&d, obj)).unwrap_or_default(),
         Kind::ReplicaSet => decode(obj).map(|rs| validate_replica_set(&rs, obj)).unwrap_or_default(),
+        Kind::ReplicationController => decode(obj).map(|rc| validate_replication_controller(&rc)).unwrap_or_default(),
+        Kind::PodTemplate => decode(obj).map(|pt| validate_pod_template(&pt)).unwrap_or_default(),
         Kind::Service => decode(obj).map(|s| crate::service::validate_service(&s)).unwrap_or_default(),
         Kind::EndpointSlice => {
             let mut errs = meta_only(true);
@@ -1360,6 +1479,21 @@ pub fn validate_update(rt: &ResourceType, new: &Value, old: &Value) -> Vec<Field
                 errs
             })
             .unwrap_or_default(),
+        // A replication controller's selector may change, unlike a replica set's.
+        Kind::ReplicationController => pair::<core::ReplicationController>(new, old)
+            .map(|(n, o)| {
+                let mut errs = validate_object_meta_update(&n.metadata, &o.metadata);
+                errs.extend(without_meta(validate_replication_controller(&n)));
+                errs
+            })
+            .unwrap_or_default(),
+        Kind::PodTemplate => pair::<core::PodTemplate>(new, old)
+            .map(|(n, o)| {
+                let mut errs = validate_object_meta_update(&n.metadata, &o.metadata);
+                errs.extend(without_meta(validate_pod_template(&n)));
+                errs
+            })
+            .unwrap_or_default(),
         Kind::Service => pair::<core::Service>(new, old)
             .map(|(n, o)| crate::service::validate_service_update(&n, &o))
             .unwrap_or_default(),
@@ -1437,7 +1571,7 @@ pub fn supported_fields(rt: &ResourceType) -> &'static [&'static str] {
         Kind::Secret => SECRET_FIELDS,
         Kind::Event => EVENT_FIELDS,
         Kind::EventV1 => EVENT_V1_FIELDS,
-        Kind::ReplicaSet => REPLICASET_FIELDS,
+        Kind::ReplicaSet | Kind::ReplicationController => REPLICASET_FIELDS,
         _ if rt.namespaced => NAMESPACED_FIELDS,
         _ => CLUSTER_FIELDS,
     }
@@ -1500,7 +1634,7 @@ pub fn field_set(rt: &ResourceType, obj: &Value) -> BTreeMap<String, String> {
         }
         Kind::Namespace => put("status.phase", str_at(obj, "/status/phase")),
         Kind::Secret => put("type", str_at(obj, "/type")),
-        Kind::ReplicaSet => {
+        Kind::ReplicaSet | Kind::ReplicationController => {
             let r = obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0);
             put("status.replicas", r.to_string());
         }
@@ -1578,8 +1712,8 @@ pub fn event_v1_to_core(v1: &Value) -> Value {
 mod tests {
     use super::*;
     use crate::resources::{
-        CONFIGMAPS, DEPLOYMENTS, EVENTS, EVENTS_V1, LEASES, NAMESPACES, NODES, PODS, REPLICASETS, RUNTIMECLASSES,
-        SECRETS, SERVICEACCOUNTS,
+        CONFIGMAPS, DEPLOYMENTS, EVENTS, EVENTS_V1, LEASES, NAMESPACES, NODES, PODS, PODTEMPLATES, REPLICASETS,
+        REPLICATIONCONTROLLERS, RUNTIMECLASSES, SECRETS, SERVICEACCOUNTS,
     };
     use k8s_openapi::api::events::v1 as events;
 
@@ -1924,6 +2058,74 @@ mod tests {
         scaled["spec"]["replicas"] = json!(3);
         prepare_for_update(&DEPLOYMENTS, &mut scaled, &d);
         assert_eq!(scaled["metadata"]["generation"], 2);
+    }
+
+    fn replication_controller() -> Value {
+        json!({"metadata":{"name":"rc","namespace":"default"},"spec":{
+            "template":{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx"}]}}}})
+    }
+
+    #[test]
+    fn a_replication_controller_takes_its_selector_and_labels_from_the_template_and_one_replica() {
+        let rc = created(&REPLICATIONCONTROLLERS, replication_controller());
+        assert_eq!(rc["spec"]["replicas"], 1);
+        assert_eq!(rc["spec"]["selector"], json!({"app":"web"}));
+        assert_eq!(rc["metadata"]["labels"], json!({"app":"web"}));
+        assert_eq!(rc["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        assert_eq!(rc["status"], json!({"replicas": 0}));
+        assert_eq!(rc["metadata"]["generation"], 1);
+        assert!(validate_create(&REPLICATIONCONTROLLERS, &rc).is_empty());
+
+        let mut own = replication_controller();
+        own["metadata"]["labels"] = json!({"team":"a"});
+        own["spec"]["selector"] = json!({"app":"web"});
+        own["spec"]["template"]["metadata"]["labels"] = json!({"app":"web","tier":"front"});
+        let own = created(&REPLICATIONCONTROLLERS, own);
+        assert_eq!(own["metadata"]["labels"], json!({"team":"a"}), "set labels are kept");
+        assert_eq!(own["spec"]["selector"], json!({"app":"web"}), "a set selector is kept");
+    }
+
+    #[test]
+    fn a_replication_controller_selector_must_match_its_template_labels_and_replicas_not_be_negative() {
+        let mut v = replication_controller();
+        v["spec"]["selector"] = json!({"app":"db"});
+        v["spec"]["replicas"] = json!(-1);
+        let m = msgs(&validate_create(&REPLICATIONCONTROLLERS, &created(&REPLICATIONCONTROLLERS, v)));
+        assert_eq!(
+            m,
+            vec![
+                "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+                "spec.template.metadata.labels: Invalid value: {\"app\":\"web\"}: `selector` does not match template `labels`",
+            ]
+        );
+        let mut no_labels = replication_controller();
+        no_labels["spec"]["template"]["metadata"] = json!({});
+        let m = msgs(&validate_create(&REPLICATIONCONTROLLERS, &created(&REPLICATIONCONTROLLERS, no_labels)));
+        assert_eq!(m, vec!["spec.selector: Required value"]);
+    }
+
+    #[test]
+    fn a_replication_controller_update_may_change_its_selector_and_moves_the_generation() {
+        let old = created(&REPLICATIONCONTROLLERS, replication_controller());
+        let mut new = old.clone();
+        new["spec"]["selector"] = json!({"app":"web2"});
+        new["spec"]["template"]["metadata"]["labels"] = json!({"app":"web2"});
+        prepare_for_update(&REPLICATIONCONTROLLERS, &mut new, &old);
+        assert_eq!(new["metadata"]["generation"], 2);
+        assert!(validate_update(&REPLICATIONCONTROLLERS, &new, &old).is_empty());
+    }
+
+    #[test]
+    fn a_pod_template_gets_pod_defaults_and_its_pod_spec_validated() {
+        let pt = json!({"metadata":{"name":"t","namespace":"default"},
+            "template":{"metadata":{"labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"nginx"}]}}});
+        let pt = created(&PODTEMPLATES, pt);
+        assert_eq!(pt["template"]["spec"]["restartPolicy"], "Always");
+        assert_eq!(pt["template"]["spec"]["containers"][0]["imagePullPolicy"], "Always");
+        assert!(validate_create(&PODTEMPLATES, &pt).is_empty(), "{:?}", validate_create(&PODTEMPLATES, &pt));
+        let empty = created(&PODTEMPLATES, json!({"metadata":{"name":"t","namespace":"default"},"template":{}}));
+        let m = msgs(&validate_create(&PODTEMPLATES, &empty));
+        assert!(m.iter().any(|e| e.starts_with("template.spec.containers: Required value")), "{m:?}");
     }
 
     #[test]

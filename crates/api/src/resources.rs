@@ -62,6 +62,8 @@ impl ResourceType {
             ("node.k8s.io", "RuntimeClass") => rt::<node::v1::RuntimeClass>(obj),
             ("apps", "Deployment") => rt::<apps::v1::Deployment>(obj),
             ("apps", "ReplicaSet") => rt::<apps::v1::ReplicaSet>(obj),
+            ("", "ReplicationController") => rt::<core::v1::ReplicationController>(obj),
+            ("", "PodTemplate") => rt::<core::v1::PodTemplate>(obj),
             _ => Err(format!("no decoder for {}", self.kind)),
         }
     }
@@ -141,6 +143,20 @@ pub static DEPLOYMENTS: ResourceType =
     rtype!("apps", "Deployment", "deployments", "deployment", true, &["deploy"], &["all"], true, true, "deployments");
 pub static REPLICASETS: ResourceType =
     rtype!("apps", "ReplicaSet", "replicasets", "replicaset", true, &["rs"], &["all"], true, true, "replicasets");
+pub static REPLICATIONCONTROLLERS: ResourceType = rtype!(
+    "",
+    "ReplicationController",
+    "replicationcontrollers",
+    "replicationcontroller",
+    true,
+    &["rc"],
+    &["all"],
+    true,
+    true,
+    "controllers"
+);
+pub static PODTEMPLATES: ResourceType =
+    rtype!("", "PodTemplate", "podtemplates", "podtemplate", true, &[], &[], false, false, "podtemplates");
 
 /// Every served resource, in discovery order.
 pub static ALL: &[&ResourceType] = &[
@@ -152,6 +168,8 @@ pub static ALL: &[&ResourceType] = &[
     &SERVICEACCOUNTS,
     &SERVICES,
     &ENDPOINTS,
+    &REPLICATIONCONTROLLERS,
+    &PODTEMPLATES,
     &EVENTS,
     &EVENTS_V1,
     &LEASES,

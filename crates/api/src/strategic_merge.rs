@@ -91,9 +91,14 @@ pub fn list_meta(rt: &ResourceType, path: &str) -> Option<ListMeta> {
         ("", "Namespace") => lookup(&[("status.conditions", Some("type"))], "", path),
         ("", "ServiceAccount") => lookup(&[("secrets", Some("name"))], "", path),
         ("", "Service") => lookup(&[("spec.ports", Some("port")), ("status.conditions", Some("type"))], "", path),
-        ("apps", "Deployment" | "ReplicaSet") => lookup(OBJECT_META, "spec.template.metadata", path)
-            .or_else(|| pod_spec_meta("spec.template.spec", path))
-            .or_else(|| lookup(&[("status.conditions", Some("type"))], "", path)),
+        ("", "PodTemplate") => {
+            lookup(OBJECT_META, "template.metadata", path).or_else(|| pod_spec_meta("template.spec", path))
+        }
+        ("apps", "Deployment" | "ReplicaSet") | ("", "ReplicationController") => {
+            lookup(OBJECT_META, "spec.template.metadata", path)
+                .or_else(|| pod_spec_meta("spec.template.spec", path))
+                .or_else(|| lookup(&[("status.conditions", Some("type"))], "", path))
+        }
         _ => None,
     }
 }

@@ -148,6 +148,22 @@ fn column_table(rt: &ResourceType) -> Vec<Col> {
             text("Images", 1, IMAGES_DOC),
             text("Selector", 1, SELECTOR_DOC),
         ],
+        ("", "ReplicationController") => vec![
+            name_col(),
+            ("Desired", "integer", "", 0, "The number of desired replicas"),
+            ("Current", "integer", "", 0, "The number of actually running replicas"),
+            ("Ready", "integer", "", 0, "The number of ready replicas"),
+            age_col(),
+            text("Containers", 1, CONTAINERS_DOC),
+            text("Images", 1, IMAGES_DOC),
+            text("Selector", 1, SELECTOR_DOC),
+        ],
+        ("", "PodTemplate") => vec![
+            name_col(),
+            text("Containers", 0, CONTAINERS_DOC),
+            text("Images", 0, IMAGES_DOC),
+            text("Pod Labels", 0, "The labels for the pod template."),
+        ],
         // The generic table Kubernetes falls back to: name and age.
         _ => vec![name_col(), age_col()],
     }
@@ -211,8 +227,44 @@ pub fn cells(rt: &ResourceType, obj: &Value, now: jiff::Timestamp) -> Vec<Value>
             row.extend(template_cells(obj));
             row
         }
+        ("", "ReplicationController") => {
+            let containers = container_cells(obj, &["spec", "template", "spec", "containers"]);
+            let mut row = vec![
+                name.into(),
+                int_at(obj, &["spec", "replicas"]).unwrap_or(1).into(),
+                int_at(obj, &["status", "replicas"]).unwrap_or(0).into(),
+                int_at(obj, &["status", "readyReplicas"]).unwrap_or(0).into(),
+                age.into(),
+            ];
+            row.extend(containers);
+            row.push(label_set_string(obj.pointer("/spec/selector")).into());
+            row
+        }
+        ("", "PodTemplate") => {
+            let mut row = vec![name.into()];
+            row.extend(container_cells(obj, &["template", "spec", "containers"]));
+            row.push(label_set_string(obj.pointer("/template/metadata/labels")).into());
+            row
+        }
         _ => vec![name.into(), age.into()],
     }
+}
+
+/// The names and the images of the containers listed at `path`, each comma-joined.
+fn container_cells(obj: &Value, path: &[&str]) -> [Value; 2] {
+    let containers = items(obj, path);
+    let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap_or("")).collect();
+    let images: Vec<&str> = containers.iter().map(|c| c["image"].as_str().unwrap_or("")).collect();
+    [names.join(",").into(), images.join(",").into()]
+}
+
+/// A label set (a map of strings) as Kubernetes prints it: `k=v` sorted by key, comma-joined;
+/// `<none>` when empty.
+fn label_set_string(set: Option<&Value>) -> String {
+    let Some(m) = set.and_then(Value::as_object).filter(|m| !m.is_empty()) else { return NONE.into() };
+    let mut pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
+    pairs.sort();
+    pairs.join(",")
 }
 
 /// Kubernetes' `duration.HumanDuration`: a short, coarser-as-it-grows rendering of an age.
@@ -580,16 +632,7 @@ fn service_cells(obj: &Value, name: &str, age: String) -> Vec<Value> {
         "" => NONE,
         ip => ip,
     };
-    let selector = obj.pointer("/spec/selector").and_then(Value::as_object).filter(|m| !m.is_empty());
-    let selector = match selector {
-        // Kubernetes prints a label set sorted by key.
-        Some(m) => {
-            let mut pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect();
-            pairs.sort();
-            pairs.join(",")
-        }
-        None => NONE.into(),
-    };
+    let selector = label_set_string(obj.pointer("/spec/selector"));
     vec![
         name.into(),
         crate::service::type_of(&svc).into(),
@@ -649,11 +692,10 @@ fn endpoint_slice_cells(obj: &Value, name: &str, age: String) -> Vec<Value> {
 }
 
 fn template_cells(obj: &Value) -> Vec<Value> {
-    let containers = items(obj, &["spec", "template", "spec", "containers"]);
-    let names: Vec<&str> = containers.iter().map(|c| c["name"].as_str().unwrap_or("")).collect();
-    let images: Vec<&str> = containers.iter().map(|c| c["image"].as_str().unwrap_or("")).collect();
     let selector = selector_string(obj.pointer("/spec/selector")).unwrap_or_else(|| "<invalid>".into());
-    vec![names.join(",").into(), images.join(",").into(), selector.into()]
+    let mut row = container_cells(obj, &["spec", "template", "spec", "containers"]).to_vec();
+    row.push(selector.into());
+    row
 }
 
 /// A `metav1.LabelSelector` in label-query syntax, requirements sorted by key as Kubernetes
@@ -690,8 +732,8 @@ mod tests {
 
     use super::*;
     use crate::resources::{
-        ALL, CONFIGMAPS, DEPLOYMENTS, EVENTS, EVENTS_V1, LEASES, NAMESPACES, NODES, PODS, REPLICASETS, RUNTIMECLASSES,
-        SECRETS, SERVICEACCOUNTS,
+        ALL, CONFIGMAPS, DEPLOYMENTS, EVENTS, EVENTS_V1, LEASES, NAMESPACES, NODES, PODS, PODTEMPLATES, REPLICASETS,
+        REPLICATIONCONTROLLERS, RUNTIMECLASSES, SECRETS, SERVICEACCOUNTS,
     };
 
     fn now() -> jiff::Timestamp {
@@ -1033,6 +1075,47 @@ mod tests {
         let row = cells(&REPLICASETS, &rs, now());
         assert_eq!(row[..4], [json!("web-abc"), json!(3), json!(3), json!(2)]);
         assert_eq!(columns(&REPLICASETS)[1]["type"], "integer");
+    }
+
+    #[test]
+    fn replication_controllers_print_replicas_containers_and_their_label_selector() {
+        let rc = json!({
+            "metadata": {"name": "web", "creationTimestamp": "2025-01-01T11:50:00Z"},
+            "spec": {"replicas": 3, "selector": {"tier": "front", "app": "web"},
+                     "template": {"spec": {"containers": [{"name": "app", "image": "nginx:1.27"}, {"name": "log", "image": "busybox"}]}}},
+            "status": {"replicas": 2, "readyReplicas": 1}
+        });
+        assert_eq!(
+            cells(&REPLICATIONCONTROLLERS, &rc, now()),
+            vec![
+                json!("web"),
+                json!(3),
+                json!(2),
+                json!(1),
+                json!("10m"),
+                json!("app,log"),
+                json!("nginx:1.27,busybox"),
+                json!("app=web,tier=front")
+            ]
+        );
+        assert_eq!(
+            names(&REPLICATIONCONTROLLERS),
+            ["Name", "Desired", "Current", "Ready", "Age", "Containers", "Images", "Selector"]
+        );
+        let wide: Vec<_> = columns(&REPLICATIONCONTROLLERS).iter().map(|c| c["priority"].as_i64().unwrap()).collect();
+        assert_eq!(wide, [0, 0, 0, 0, 0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn pod_templates_print_containers_images_and_pod_labels() {
+        let pt = json!({
+            "metadata": {"name": "t"},
+            "template": {"metadata": {"labels": {"b": "2", "a": "1"}}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}}
+        });
+        assert_eq!(cells(&PODTEMPLATES, &pt, now()), vec![json!("t"), json!("c"), json!("nginx"), json!("a=1,b=2")]);
+        assert_eq!(names(&PODTEMPLATES), ["Name", "Containers", "Images", "Pod Labels"]);
+        let bare = json!({"metadata": {"name": "t"}, "template": {}});
+        assert_eq!(cells(&PODTEMPLATES, &bare, now())[3], "<none>");
     }
 
     #[test]

@@ -832,13 +832,27 @@ async fn bind(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body
 
 fn scale_of(obj: &Value) -> Value {
     let m = objects::meta(obj);
-    let selector = obj
-        .pointer("/spec/selector")
-        .and_then(|s| {
-            serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(s.clone()).ok()
-        })
-        .map(|s| selector_string(&s))
-        .unwrap_or_default();
+    let selector = obj.pointer("/spec/selector");
+    // A replication controller selects with a plain label map; apps/v1 kinds with a LabelSelector.
+    let is_label_selector =
+        selector.is_some_and(|s| s.get("matchLabels").is_some() || s.get("matchExpressions").is_some());
+    let selector = if is_label_selector {
+        selector
+            .and_then(|s| {
+                serde_json::from_value::<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>(s.clone()).ok()
+            })
+            .map(|s| selector_string(&s))
+            .unwrap_or_default()
+    } else {
+        let mut pairs: Vec<String> = selector
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+            .collect();
+        pairs.sort();
+        pairs.join(",")
+    };
     json!({
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",

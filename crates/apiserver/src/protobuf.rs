@@ -1573,6 +1573,8 @@ mod tests {
             "v1" "Service" core::Service,
             "v1" "Endpoints" core::Endpoints,
             "v1" "Event" core::Event,
+            "v1" "ReplicationController" core::ReplicationController,
+            "v1" "PodTemplate" core::PodTemplate,
             "events.k8s.io/v1" "Event" events::Event,
             "coordination.k8s.io/v1" "Lease" coordination::Lease,
             "node.k8s.io/v1" "RuntimeClass" node::RuntimeClass,
