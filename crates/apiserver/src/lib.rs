@@ -133,6 +133,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/apis/authorization.k8s.io/v1/subjectaccessreviews", any(accessreview::subject_access))
         .route("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", any(accessreview::self_subject_rules))
         .route("/apis/{group}", get(discovery::group))
+        .route("/apis/{group}/", get(discovery::group))
         .route("/apis/{group}/{version}", get(discovery::group_resources))
         .route("/apis/{group}/{version}/{*rest}", any(handlers::group_entry))
         .fallback(not_found)

@@ -69,6 +69,9 @@ async fn discovery_roots_answer_alike_with_a_trailing_slash() {
     }
     assert_eq!(api.get("/api/").await.body, api.get("/api").await.body);
     assert_eq!(api.get("/apis/").await.body, api.get("/apis").await.body);
+    let group = api.get("/apis/events.k8s.io/").await;
+    assert_eq!(group.status, StatusCode::OK, "a group with a trailing slash: {}", group.body);
+    assert_eq!(group.body, api.get("/apis/events.k8s.io").await.body);
 }
 
 #[tokio::test]
