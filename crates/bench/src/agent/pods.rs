@@ -7,7 +7,7 @@
 //! container fails at first (seen as a restart, an error's back-off or a Failed pod) ends there:
 //! it is counted apart, and its eventual Running, after the agent's back-off, is not waited for.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -102,36 +102,52 @@ const FAILED_WAITING: [&str; 7] = [
     "ErrImageNeverPull",
 ];
 
-/// A pod whose start the watch saw end, and when the event arrived.
-struct Seen {
-    name: String,
-    at: Instant,
-    ended: Ended,
+/// A pod's start as the watch saw it end.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub at: Instant,
+    pub ended: Ended,
 }
 
-/// Pods of the bench's namespace whose start ended, as one watch saw them; each reported once.
+/// What the watch tells of a pod.
+enum Note {
+    /// The first event of the pod: it was just created (a Deployment's pods have no create call
+    /// of the bench's to time from).
+    Appeared(String, Instant),
+    Ended(String, Seen),
+}
+
+/// The start of every bench pod in the namespace, as one watch sees it end: kept by name
+/// until asked for, so pods started together are all accounted for.
 pub struct StartWatch {
-    seen: mpsc::UnboundedReceiver<Seen>,
+    events: mpsc::UnboundedReceiver<Note>,
+    seen: HashMap<String, Seen>,
+    appeared: HashMap<String, Instant>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl StartWatch {
     /// Starts the watch and returns once its initial list is done, so no start is seen late.
     pub async fn start(api: Api<Pod>) -> anyhow::Result<Self> {
-        let (tx, seen) = mpsc::unbounded_channel();
+        let (tx, events) = mpsc::unbounded_channel();
         let (listed_tx, listed) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let stream = watcher::watcher(api, watcher::Config::default().labels(SELECTOR));
             futures::pin_mut!(stream);
             let mut listed_tx = Some(listed_tx);
-            let mut reported: HashSet<String> = HashSet::new();
+            let (mut appeared, mut reported) = (std::collections::HashSet::new(), std::collections::HashSet::new());
             while let Some(event) = stream.next().await {
                 let at = Instant::now();
                 match event {
                     Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                        let (uid, name) = (p.metadata.uid.clone().unwrap_or_default(), p.metadata.name.clone());
+                        let name = name.unwrap_or_default();
+                        if appeared.insert(uid.clone()) {
+                            let _ = tx.send(Note::Appeared(name.clone(), at));
+                        }
                         let Some(ended) = start_ended(&p) else { continue };
-                        if reported.insert(p.metadata.uid.clone().unwrap_or_default()) {
-                            let _ = tx.send(Seen { name: p.metadata.name.unwrap_or_default(), at, ended });
+                        if reported.insert(uid) {
+                            let _ = tx.send(Note::Ended(name, Seen { at, ended }));
                         }
                     }
                     Ok(Event::InitDone) => {
@@ -148,20 +164,49 @@ impl StartWatch {
             .await
             .context("the pod watch did not list within 30 s")?
             .context("the pod watch ended")?;
-        Ok(Self { seen, task })
+        Ok(Self { events, seen: HashMap::new(), appeared: HashMap::new(), task })
     }
 
-    /// The end of `name`'s start, or `None` at the deadline (events of other pods are dropped).
-    async fn wait_for(&mut self, name: &str, deadline: Instant) -> anyhow::Result<Option<Seen>> {
+    /// Waits until the starts of `count` pods whose names `matches` have ended, or the deadline;
+    /// returns those seen (name and end), taken out of the watch's keeping.
+    pub async fn wait(
+        &mut self,
+        matches: impl Fn(&str) -> bool,
+        count: usize,
+        deadline: Instant,
+    ) -> anyhow::Result<Vec<(String, Seen)>> {
         loop {
+            let found = self.seen.keys().filter(|n| matches(n)).count();
+            if found >= count {
+                break;
+            }
             let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.seen.recv()).await {
-                Ok(Some(seen)) if seen.name == name => return Ok(Some(seen)),
-                Ok(Some(_)) => {}
+            match tokio::time::timeout(left, self.events.recv()).await {
+                Ok(Some(Note::Ended(name, seen))) => {
+                    self.seen.insert(name, seen);
+                }
+                Ok(Some(Note::Appeared(name, at))) => {
+                    self.appeared.insert(name, at);
+                }
                 Ok(None) => bail!("the pod watch ended"),
-                Err(_) => return Ok(None),
+                Err(_) => break,
             }
         }
+        let names: Vec<String> = self.seen.keys().filter(|n| matches(n)).cloned().collect();
+        self.appeared.retain(|n, _| !matches(n) || names.contains(n));
+        Ok(names.into_iter().filter_map(|n| self.seen.remove(&n).map(|s| (n, s))).collect())
+    }
+
+    /// When the watch first saw pod `name` (taken out of its keeping).
+    pub fn appeared(&mut self, name: &str) -> Option<Instant> {
+        self.appeared.remove(name)
+    }
+}
+
+impl StartWatch {
+    /// The end of `name`'s start, or `None` at the deadline.
+    async fn wait_for(&mut self, name: &str, deadline: Instant) -> anyhow::Result<Option<Seen>> {
+        Ok(self.wait(|n| n == name, 1, deadline).await?.pop().map(|(_, seen)| seen))
     }
 }
 

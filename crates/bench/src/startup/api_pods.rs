@@ -11,15 +11,12 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::watcher::{self, Event};
-use tokio::sync::mpsc;
 
-pub use crate::agent::pods::delete_all;
-use crate::agent::pods::{Ended, SELECTOR, start_ended};
+use crate::agent::pods::{Ended, Seen};
+pub use crate::agent::pods::{StartWatch, delete_all};
 use crate::startup::NAMESPACE;
 
 /// How long one pod (or one wave) may take to be seen Running or failing.
@@ -51,113 +48,6 @@ pub fn pod(name: &str, handler: &str, image: &str) -> anyhow::Result<Pod> {
     let mut pod = template(handler, image);
     pod["metadata"]["name"] = name.into();
     Ok(serde_json::from_value(pod)?)
-}
-
-/// A pod's start as the watch saw it end.
-#[derive(Clone, Debug)]
-pub struct Seen {
-    pub at: Instant,
-    pub ended: Ended,
-}
-
-/// What the watch tells of a pod.
-enum Note {
-    /// The first event of the pod: it was just created (a Deployment's pods have no create call
-    /// of the bench's to time from).
-    Appeared(String, Instant),
-    Ended(String, Seen),
-}
-
-/// The start of every bench pod in the namespace, as one watch sees it end: kept by name
-/// until asked for, so pods started together are all accounted for.
-pub struct StartWatch {
-    events: mpsc::UnboundedReceiver<Note>,
-    seen: HashMap<String, Seen>,
-    appeared: HashMap<String, Instant>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl StartWatch {
-    /// Starts the watch and returns once its initial list is done, so no start is seen late.
-    pub async fn start(api: Api<Pod>) -> anyhow::Result<Self> {
-        let (tx, events) = mpsc::unbounded_channel();
-        let (listed_tx, listed) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let stream = watcher::watcher(api, watcher::Config::default().labels(SELECTOR));
-            futures::pin_mut!(stream);
-            let mut listed_tx = Some(listed_tx);
-            let (mut appeared, mut reported) = (std::collections::HashSet::new(), std::collections::HashSet::new());
-            while let Some(event) = stream.next().await {
-                let at = Instant::now();
-                match event {
-                    Ok(Event::Apply(p) | Event::InitApply(p)) => {
-                        let (uid, name) = (p.metadata.uid.clone().unwrap_or_default(), p.metadata.name.clone());
-                        let name = name.unwrap_or_default();
-                        if appeared.insert(uid.clone()) {
-                            let _ = tx.send(Note::Appeared(name.clone(), at));
-                        }
-                        let Some(ended) = start_ended(&p) else { continue };
-                        if reported.insert(uid) {
-                            let _ = tx.send(Note::Ended(name, Seen { at, ended }));
-                        }
-                    }
-                    Ok(Event::InitDone) => {
-                        if let Some(l) = listed_tx.take() {
-                            let _ = l.send(());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => eprintln!("pod watch: {e}; retrying"),
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(30), listed)
-            .await
-            .context("the pod watch did not list within 30 s")?
-            .context("the pod watch ended")?;
-        Ok(Self { events, seen: HashMap::new(), appeared: HashMap::new(), task })
-    }
-
-    /// Waits until the starts of `count` pods whose names `matches` have ended, or the deadline;
-    /// returns those seen (name and end), taken out of the watch's keeping.
-    async fn wait(
-        &mut self,
-        matches: impl Fn(&str) -> bool,
-        count: usize,
-        deadline: Instant,
-    ) -> anyhow::Result<Vec<(String, Seen)>> {
-        loop {
-            let found = self.seen.keys().filter(|n| matches(n)).count();
-            if found >= count {
-                break;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, self.events.recv()).await {
-                Ok(Some(Note::Ended(name, seen))) => {
-                    self.seen.insert(name, seen);
-                }
-                Ok(Some(Note::Appeared(name, at))) => {
-                    self.appeared.insert(name, at);
-                }
-                Ok(None) => bail!("the pod watch ended"),
-                Err(_) => break,
-            }
-        }
-        let names: Vec<String> = self.seen.keys().filter(|n| matches(n)).cloned().collect();
-        self.appeared.retain(|n, _| !matches(n) || names.contains(n));
-        Ok(names.into_iter().filter_map(|n| self.seen.remove(&n).map(|s| (n, s))).collect())
-    }
-
-    /// When the watch first saw pod `name` (taken out of its keeping).
-    fn appeared(&mut self, name: &str) -> Option<Instant> {
-        self.appeared.remove(name)
-    }
-}
-
-impl Drop for StartWatch {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// One pod start through the API.
