@@ -63,6 +63,27 @@ impl CriArgs {
     }
 }
 
+/// A loopback registry holding busybox and pause:3.9, for berth and containerd alike; and the
+/// busybox reference.
+pub async fn registry_with_busybox_and_pause() -> anyhow::Result<(Registry, String)> {
+    eprintln!("starting docker-registry on loopback, pushing busybox and pause:3.9");
+    let registry = Registry::start();
+    // Symlinked applets: containerd leaves testenv's hard-linked busybox not executable.
+    let busybox = tokio::task::spawn_blocking(|| busybox_symlinked_image(Format::Oci)).await?;
+    registry.push_image("busybox", "latest", &busybox).await;
+    registry.push_pause().await;
+    let image = registry.reference("busybox:latest");
+    Ok((registry, image))
+}
+
+/// Fails on a handler the benchmarks do not know.
+pub fn check_handlers(handlers: &[String]) -> anyhow::Result<()> {
+    for h in handlers {
+        ensure!(HANDLERS.contains(&h.as_str()), "unknown handler {h:?}; known: {}", HANDLERS.join(", "));
+    }
+    Ok(())
+}
+
 /// `berth` next to this binary, else in the release dir beside this profile's.
 pub fn default_berth_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
@@ -151,9 +172,7 @@ pub async fn run(args: CriArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     ensure!(args.pods > 0 && args.gvisor_pods > 0, "--pods and --gvisor-pods must be positive");
     ensure!(!args.handlers.is_empty(), "--handlers names none");
-    for h in &args.handlers {
-        ensure!(HANDLERS.contains(&h.as_str()), "unknown handler {h:?}; known: {}", HANDLERS.join(", "));
-    }
+    check_handlers(&args.handlers)?;
     let berth_binary = match &args.berth_binary {
         Some(p) => p.clone(),
         None => default_berth_binary()?,
@@ -172,13 +191,7 @@ pub async fn run(args: CriArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &CriArgs, berth_binary: &Path, session: &mut Session) -> anyhow::Result<Report> {
     let root = session.dir.path().to_owned();
-    eprintln!("starting docker-registry on loopback, pushing busybox and pause:3.9");
-    let registry = Registry::start();
-    // Symlinked applets: containerd leaves testenv's hard-linked busybox not executable.
-    let busybox = tokio::task::spawn_blocking(|| busybox_symlinked_image(Format::Oci)).await?;
-    registry.push_image("busybox", "latest", &busybox).await;
-    registry.push_pause().await;
-    let image = registry.reference("busybox:latest");
+    let (registry, image) = registry_with_busybox_and_pause().await?;
     // The floor first: its helpers panic on a broken host, before any runtime holds pods.
     let floor_dir = root.join("floor");
     let bundle = floor::write_bundle(&floor_dir)?;

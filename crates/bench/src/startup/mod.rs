@@ -37,9 +37,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
+use berth_testenv::Containerd;
 use berth_testenv::containerd::SANDBOX_IMAGE;
-use berth_testenv::images::{Format, busybox_symlinked_image};
-use berth_testenv::{Containerd, Registry};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
@@ -48,8 +47,8 @@ use self::cluster::UpCluster;
 use self::report::{FloorBurst, HandlerResult, Report, Shape};
 use crate::cri::client::{self, CriClient, PodSpec};
 use crate::cri::daemons::{self, CONTAINERD_NETWORK};
+use crate::cri::floor;
 use crate::cri::net::{self, CniFloor, HostState, Netns, Network};
-use crate::cri::{HANDLERS, floor};
 use crate::stats::Latencies;
 
 /// The bridge and pod range of the bench's `berth up` cluster, apart from a user's (`berth0`,
@@ -128,9 +127,7 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     ensure!(args.pods > 0 && args.wave > 0 && args.burst > 0, "--pods, --wave and --burst must be positive");
     ensure!(!args.handlers.is_empty(), "--handlers names none");
-    for h in &args.handlers {
-        ensure!(HANDLERS.contains(&h.as_str()), "unknown handler {h:?}; known: {}", HANDLERS.join(", "));
-    }
+    crate::cri::check_handlers(&args.handlers)?;
     ensure!(args.pods.max(args.burst) + args.warmup < 250, "the containerd network is a /24: at most 249 pods at once");
     let berth_binary = match &args.berth_binary {
         Some(p) => p.clone(),
@@ -154,13 +151,7 @@ pub async fn run(args: StartupArgs) -> anyhow::Result<()> {
 
 async fn measure(args: &StartupArgs, berth_binary: &Path, session: &mut Session) -> anyhow::Result<Report> {
     let root = session.dir.path().to_owned();
-    eprintln!("starting docker-registry on loopback, pushing busybox and pause:3.9");
-    let registry = Registry::start();
-    // Symlinked applets: containerd leaves a hard-linked busybox not executable.
-    let busybox = tokio::task::spawn_blocking(|| busybox_symlinked_image(Format::Oci)).await?;
-    registry.push_image("busybox", "latest", &busybox).await;
-    registry.push_pause().await;
-    let image = registry.reference("busybox:latest");
+    let (registry, image) = crate::cri::registry_with_busybox_and_pause().await?;
 
     // The floor first: its helpers fail on a broken host before anything holds pods.
     let floor_dir = root.join("floor");
