@@ -1,5 +1,6 @@
-//! The controllers of the control plane (ReplicaSet, Deployment, garbage collector, node lifecycle, namespace,
-//! EndpointSlice, Endpoints, ServiceAccount, root CA publisher), through the Kubernetes API only.
+//! The controllers of the control plane (ReplicaSet, ReplicationController, Deployment, garbage collector,
+//! node lifecycle, namespace, EndpointSlice, Endpoints, ServiceAccount, root CA publisher), through the
+//! Kubernetes API only.
 //!
 //! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
 //! on kube's controller runtime (reflectors, `Controller`, reconcile → `Action`), with its
@@ -14,6 +15,7 @@ pub mod namespace;
 pub mod node_lifecycle;
 pub(crate) mod per_namespace;
 pub mod replicaset;
+pub mod replication;
 pub mod root_ca_publisher;
 pub mod serviceaccount;
 pub(crate) mod workloads;
@@ -32,6 +34,7 @@ const EVENT_QUEUE: usize = 1000;
 /// Every controller, by the names kube-controller-manager's `--controllers` flag uses.
 pub const CONTROLLERS: &[&str] = &[
     "replicaset",
+    "replicationcontroller",
     "deployment",
     "garbagecollector",
     "nodelifecycle",
@@ -150,6 +153,7 @@ pub async fn run(ctx: Arc<Context>, enabled: &BTreeSet<&'static str>) {
         let ctx = ctx.clone();
         match *name {
             "replicaset" => tasks.spawn(replicaset::run(ctx)),
+            "replicationcontroller" => tasks.spawn(replication::run(ctx)),
             "deployment" => tasks.spawn(deployment::run(ctx)),
             "garbagecollector" => tasks.spawn(garbage_collector::run(ctx)),
             "nodelifecycle" => tasks.spawn(node_lifecycle::run(ctx)),
@@ -199,6 +203,15 @@ mod tests {
         let on =
             enabled(&spec("replicaset-controller,garbage-collector-controller,node-lifecycle-controller")).unwrap();
         assert_eq!(on.into_iter().collect::<Vec<_>>(), vec!["garbagecollector", "nodelifecycle", "replicaset"]);
+    }
+
+    #[test]
+    fn the_replication_controller_answers_to_its_short_and_long_names_and_star_includes_it() {
+        for name in ["replicationcontroller", "replicationcontroller-controller"] {
+            let on = enabled(&spec(&format!("-*,{name}"))).unwrap();
+            assert_eq!(on.into_iter().collect::<Vec<_>>(), vec!["replicationcontroller"], "{name}");
+        }
+        assert!(enabled(&spec("*")).unwrap().contains("replicationcontroller"));
     }
 
     #[test]

@@ -16,6 +16,10 @@
 //! watch into informer-style changes and those into reactions. kube 5's `Controller` builder
 //! takes such extra triggers or a shared reflector only behind its unstable features, so the
 //! controller drives `applier` (what `Controller::run` runs) with its own trigger streams.
+//!
+//! The shell is generic over [`Replicated`], the kind it keeps pods for: [`run`] runs it over
+//! ReplicaSets, and `replication::run` over ReplicationControllers, as kube-controller-manager
+//! runs this controller's code for both.
 
 use std::sync::{Arc, Mutex};
 
@@ -35,18 +39,21 @@ use tokio::time::Instant;
 use crate::Context;
 use crate::workloads::expectations::Expectations;
 use crate::workloads::replicas::{self, BURST_REPLICAS};
+use crate::workloads::replicated::Replicated;
 use crate::workloads::retry::Retry;
 use crate::workloads::tracker::{Reaction, Tracker, reactions};
 use crate::workloads::{api_message, controller_of, is_not_found, key_of, namespace_terminating, pods};
 
-/// Why a sync of a ReplicaSet failed; it is retried with back-off.
+/// Why a sync of a ReplicaSet (or ReplicationController) failed; it is retried with back-off.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the pod cache stopped")]
     CacheStopped,
-    #[error("{action} of replica set {key}")]
+    #[error("{action} of {noun} {key}")]
     Api {
         action: &'static str,
+        /// The kind in words (`replica set`, `replication controller`).
+        noun: &'static str,
         key: String,
         #[source]
         source: kube::Error,
@@ -54,8 +61,8 @@ pub enum Error {
 }
 
 impl Error {
-    fn api(action: &'static str, key: &str, source: kube::Error) -> Error {
-        Error::Api { action, key: key.to_string(), source }
+    fn api<K: Replicated>(action: &'static str, key: &str, source: kube::Error) -> Error {
+        Error::Api { action, noun: K::NOUN, key: key.to_string(), source }
     }
 
     /// What the API said, as Go's `err.Error()` of a status error shows it.
@@ -68,9 +75,9 @@ impl Error {
 }
 
 /// The controller's state shared by its reconciles.
-struct Rsc {
+struct Rsc<K: Replicated> {
     ctx: Arc<Context>,
-    rss: Store<ReplicaSet>,
+    rss: Store<K>,
     pods: Store<Pod>,
     expectations: Arc<Mutex<Expectations>>,
     retry: Retry,
@@ -78,19 +85,24 @@ struct Rsc {
 
 /// Runs the ReplicaSet controller until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
+    run_for::<ReplicaSet>(ctx).await
+}
+
+/// Runs the controller over objects of kind `K` until the future is dropped.
+pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
     let client = ctx.client.clone();
-    let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
+    let (rs_reader, rs_writer) = reflector::store::<K>();
     let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let expectations = Arc::new(Mutex::new(Expectations::default()));
-    let (tx, rx) = futures::channel::mpsc::unbounded::<ObjectRef<ReplicaSet>>();
+    let (tx, rx) = futures::channel::mpsc::unbounded::<ObjectRef<K>>();
 
     let forget = expectations.clone();
-    let rs_stream = watcher(Api::<ReplicaSet>::all(client.clone()), watcher::Config::default())
+    let rs_stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(rs_writer)
         .inspect_ok(move |ev| {
             if let watcher::Event::Delete(rs) = ev {
-                lock(&forget).forget(&key_of(&rs.metadata));
+                lock(&forget).forget(&key_of(rs.meta()));
             }
         })
         .touched_objects();
@@ -109,7 +121,7 @@ pub async fn run(ctx: Arc<Context>) {
             }
         })
         // Pod events reach the queue through the observer's channel; only errors pass here.
-        .filter_map(|r| std::future::ready(r.err().map(Err::<ReconcileRequest<ReplicaSet>, _>)));
+        .filter_map(|r| std::future::ready(r.err().map(Err::<ReconcileRequest<K>, _>)));
 
     let queue = futures::stream::select_all([
         trigger_self(rs_stream, ()).boxed(),
@@ -125,7 +137,7 @@ pub async fn run(ctx: Arc<Context>) {
         queue,
         ControllerConfig::default(),
     );
-    crate::log_failures(results, "replicaset").await
+    crate::log_failures(results, K::CONTROLLER).await
 }
 
 fn lock(e: &Mutex<Expectations>) -> std::sync::MutexGuard<'_, Expectations> {
@@ -133,28 +145,28 @@ fn lock(e: &Mutex<Expectations>) -> std::sync::MutexGuard<'_, Expectations> {
 }
 
 /// Applies the reactions to pod changes: expectations and ReplicaSets to sync.
-struct Observer {
-    rss: Store<ReplicaSet>,
+struct Observer<K: Replicated> {
+    rss: Store<K>,
     expectations: Arc<Mutex<Expectations>>,
-    tx: futures::channel::mpsc::UnboundedSender<ObjectRef<ReplicaSet>>,
+    tx: futures::channel::mpsc::UnboundedSender<ObjectRef<K>>,
 }
 
-impl Observer {
+impl<K: Replicated> Observer<K> {
     /// The ReplicaSet a controller reference names, if it exists with that UID
     /// (`resolveControllerRef`).
     fn resolve(
         &self,
         owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
         namespace: &str,
-    ) -> Option<Arc<ReplicaSet>> {
-        if owner.kind != "ReplicaSet" || !owner.api_version.starts_with("apps/") {
+    ) -> Option<Arc<K>> {
+        if !K::is_kind_of(&owner.api_version, &owner.kind) {
             return None;
         }
         let rs = self.rss.get(&ObjectRef::new(&owner.name).within(namespace))?;
-        (rs.metadata.uid.as_deref() == Some(owner.uid.as_str())).then_some(rs)
+        (rs.meta().uid.as_deref() == Some(owner.uid.as_str())).then_some(rs)
     }
 
-    fn enqueue(&self, rs: &ReplicaSet) {
+    fn enqueue(&self, rs: &K) {
         let _ = self.tx.unbounded_send(ObjectRef::from_obj(rs));
     }
 
@@ -162,12 +174,12 @@ impl Observer {
         match r {
             Reaction::CreationObserved { owner, namespace } => {
                 if let Some(rs) = self.resolve(&owner, &namespace) {
-                    lock(&self.expectations).creation_observed(&key_of(&rs.metadata));
+                    lock(&self.expectations).creation_observed(&key_of(rs.meta()));
                 }
             }
             Reaction::DeletionObserved { owner, namespace, child } => {
                 if let Some(rs) = self.resolve(&owner, &namespace) {
-                    lock(&self.expectations).deletion_observed(&key_of(&rs.metadata), &child);
+                    lock(&self.expectations).deletion_observed(&key_of(rs.meta()), &child);
                 }
             }
             Reaction::Enqueue { owner, namespace } => {
@@ -177,10 +189,10 @@ impl Observer {
             }
             Reaction::EnqueueMatching { namespace, labels } => {
                 for rs in self.rss.state() {
-                    if rs.metadata.namespace.as_deref() != Some(namespace.as_str()) {
+                    if rs.meta().namespace.as_deref() != Some(namespace.as_str()) {
                         continue;
                     }
-                    let selector = rs.spec.as_ref().and_then(|s| LabelSelector::from_k8s(&s.selector).ok());
+                    let selector = rs.has_spec().then(|| rs.selector().ok()).flatten();
                     // An empty selector matches nothing here (validation requires one).
                     if selector.is_some_and(|s| !s.is_empty() && s.matches(&labels)) {
                         self.enqueue(&rs);
@@ -191,8 +203,8 @@ impl Observer {
     }
 }
 
-async fn reconcile(rs: Arc<ReplicaSet>, rsc: Arc<Rsc>) -> Result<Action, Error> {
-    let key = key_of(&rs.metadata);
+async fn reconcile<K: Replicated>(rs: Arc<K>, rsc: Arc<Rsc<K>>) -> Result<Action, Error> {
+    let key = key_of(rs.meta());
     let result = rsc.sync(&rs, &key).await;
     if result.is_ok() {
         rsc.retry.succeeded(&key);
@@ -200,53 +212,55 @@ async fn reconcile(rs: Arc<ReplicaSet>, rsc: Arc<Rsc>) -> Result<Action, Error> 
     result
 }
 
-fn error_policy(rs: Arc<ReplicaSet>, error: &Error, rsc: Arc<Rsc>) -> Action {
-    let key = key_of(&rs.metadata);
+fn error_policy<K: Replicated>(rs: Arc<K>, error: &Error, rsc: Arc<Rsc<K>>) -> Action {
+    let key = key_of(rs.meta());
     let delay = rsc.retry.failed(&key);
     let source = std::error::Error::source(error).map(|s| s.to_string()).unwrap_or_default();
-    tracing::info!(replicaset = %key, error = %error, cause = %source, retry_in = ?delay, "replicaset sync failed");
+    tracing::info!(controller = K::CONTROLLER, object = %key, error = %error, cause = %source, retry_in = ?delay, "sync failed");
     Action::requeue(delay)
 }
 
-impl Rsc {
-    async fn sync(&self, rs: &Arc<ReplicaSet>, key: &str) -> Result<Action, Error> {
+impl<K: Replicated> Rsc<K> {
+    async fn sync(&self, rs: &Arc<K>, key: &str) -> Result<Action, Error> {
         self.pods.wait_until_ready().await.map_err(|_| Error::CacheStopped)?;
         let needs_sync = lock(&self.expectations).satisfied(key, Instant::now());
         let now = jiff::Timestamp::now();
-        let Some(spec) = rs.spec.as_ref() else { return Ok(Action::await_change()) };
-        let selector = match LabelSelector::from_k8s(&spec.selector) {
+        if !rs.has_spec() {
+            return Ok(Action::await_change());
+        }
+        let selector = match rs.selector() {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(replicaset = %key, error = %e, "invalid selector; not syncing");
+                tracing::warn!(controller = K::CONTROLLER, object = %key, error = %e, "invalid selector; not syncing");
                 return Ok(Action::await_change());
             }
         };
-        let namespace = rs.metadata.namespace.clone().unwrap_or_default();
+        let namespace = rs.meta().namespace.clone().unwrap_or_default();
         let all_pods = self.pods.state();
         let active: Vec<&Pod> = all_pods
             .iter()
             .map(|p| p.as_ref())
             .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()) && pods::is_active(p))
             .collect();
-        let claim = replicas::claim(rs, &selector, &active);
+        let claim = replicas::claim(&**rs, &selector, &active);
         let adopted = self.adopt_and_release(rs, key, &claim).await?;
         let mut mine: Vec<&Pod> = claim.owned.clone();
         mine.extend(adopted.iter());
 
-        let failure = if needs_sync && rs.metadata.deletion_timestamp.is_none() {
+        let failure = if needs_sync && rs.meta().deletion_timestamp.is_none() {
             self.manage_replicas(rs, key, &mine, &all_pods).await.err()
         } else {
             None
         };
-        let status = replicas::status(rs, &mine, failure.as_ref().map(Error::message).as_deref(), now);
-        if replicas::status_changed(rs, &status) {
+        let status = replicas::status(&**rs, &mine, failure.as_ref().map(Error::message).as_deref(), now);
+        if replicas::status_changed(&**rs, &status) {
             self.write_status(rs, key, status).await?;
         }
         if let Some(e) = failure {
             return Err(e);
         }
         let recheck = [
-            replicas::next_availability_check(rs, &mine, now),
+            replicas::next_availability_check(&**rs, &mine, now),
             lock(&self.expectations).expires_in(key, Instant::now()),
         ];
         Ok(match recheck.into_iter().flatten().min() {
@@ -256,20 +270,15 @@ impl Rsc {
     }
 
     /// Adopts matching orphans and releases strays (`claimPods`); returns the adopted pods.
-    async fn adopt_and_release(
-        &self,
-        rs: &ReplicaSet,
-        key: &str,
-        claim: &replicas::Claim<'_>,
-    ) -> Result<Vec<Pod>, Error> {
-        let namespace = rs.metadata.namespace.as_deref().unwrap_or("");
+    async fn adopt_and_release(&self, rs: &K, key: &str, claim: &replicas::Claim<'_>) -> Result<Vec<Pod>, Error> {
+        let namespace = rs.meta().namespace.as_deref().unwrap_or("");
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), namespace);
-        let rs_uid = rs.metadata.uid.clone().unwrap_or_default();
+        let rs_uid = rs.meta().uid.clone().unwrap_or_default();
         let mut adopted = Vec::new();
         let mut first_error = None;
         if !claim.adopt.is_empty() && self.can_adopt(rs, key).await? {
             for pod in &claim.adopt {
-                let owner = crate::workloads::controller_ref("apps/v1", "ReplicaSet", &rs.metadata);
+                let owner = crate::workloads::controller_ref(&K::api_version(&()), &K::kind(&()), rs.meta());
                 // The pod's UID is a precondition, as kube-controller-manager sends it.
                 let patch = json!({"metadata": {"ownerReferences": [owner], "uid": pod.metadata.uid}});
                 let name = pod.metadata.name.as_deref().unwrap_or("");
@@ -279,7 +288,7 @@ impl Rsc {
                     Ok(_) => {}
                     Err(e) if is_not_found(&e) => {}
                     Err(e) => {
-                        first_error.get_or_insert(Error::api("adopting pods", key, e));
+                        first_error.get_or_insert(Error::api::<K>("adopting pods", key, e));
                     }
                 }
             }
@@ -291,7 +300,7 @@ impl Rsc {
                 Ok(_) => {}
                 Err(e) if is_not_found(&e) || matches!(&e, kube::Error::Api(s) if s.is_invalid()) => {}
                 Err(e) => {
-                    first_error.get_or_insert(Error::api("releasing pods", key, e));
+                    first_error.get_or_insert(Error::api::<K>("releasing pods", key, e));
                 }
             }
         }
@@ -303,37 +312,29 @@ impl Rsc {
 
     /// A fresh read of the ReplicaSet confirms it is the same and not being deleted before it
     /// adopts anything (`RecheckDeletionTimestamp`).
-    async fn can_adopt(&self, rs: &ReplicaSet, key: &str) -> Result<bool, Error> {
-        let api: Api<ReplicaSet> =
-            Api::namespaced(self.ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or(""));
+    async fn can_adopt(&self, rs: &K, key: &str) -> Result<bool, Error> {
+        let api: Api<K> = Api::namespaced(self.ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or(""));
         let fresh =
-            api.get(rs.metadata.name.as_deref().unwrap_or("")).await.map_err(|e| Error::api("reading", key, e))?;
-        Ok(fresh.metadata.uid == rs.metadata.uid && fresh.metadata.deletion_timestamp.is_none())
+            api.get(rs.meta().name.as_deref().unwrap_or("")).await.map_err(|e| Error::api::<K>("reading", key, e))?;
+        Ok(fresh.meta().uid == rs.meta().uid && fresh.meta().deletion_timestamp.is_none())
     }
 
     /// Creates or deletes pods to reach `spec.replicas` (`manageReplicas`).
-    async fn manage_replicas(
-        &self,
-        rs: &Arc<ReplicaSet>,
-        key: &str,
-        mine: &[&Pod],
-        all_pods: &[Arc<Pod>],
-    ) -> Result<(), Error> {
-        let want = usize::try_from(replicas::replicas(rs)).unwrap_or(0);
+    async fn manage_replicas(&self, rs: &Arc<K>, key: &str, mine: &[&Pod], all_pods: &[Arc<Pod>]) -> Result<(), Error> {
+        let want = usize::try_from(rs.replicas()).unwrap_or(0);
         let have = mine.len();
         if have < want {
             let count = (want - have).min(BURST_REPLICAS);
             lock(&self.expectations).expect_creations(key, count, Instant::now());
-            let api: Api<Pod> =
-                Api::namespaced(self.ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or(""));
-            let pod = replicas::pod_from_template(rs);
+            let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or(""));
+            let pod = replicas::pod_from_template(&**rs);
             let (created, error) = replicas::slow_start(count, || self.create_pod(&api, rs, &pod)).await;
             // Creates never attempted or failed will not be observed.
             for _ in created..count {
                 lock(&self.expectations).creation_observed(key);
             }
             if let Some(e) = error {
-                return Err(Error::api("creating pods", key, e));
+                return Err(Error::api::<K>("creating pods", key, e));
             }
         } else if have > want {
             let count = (have - want).min(BURST_REPLICAS);
@@ -342,8 +343,7 @@ impl Rsc {
             let victims = pods::pods_to_delete(mine, &related, count);
             let keys = victims.iter().map(|p| key_of(&p.metadata));
             lock(&self.expectations).expect_deletions(key, keys, Instant::now());
-            let api: Api<Pod> =
-                Api::namespaced(self.ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or(""));
+            let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or(""));
             let results = futures::future::join_all(victims.iter().map(|p| self.delete_pod(&api, rs, p))).await;
             let mut first_error = None;
             for (pod, result) in victims.iter().zip(results) {
@@ -356,17 +356,17 @@ impl Rsc {
                 }
             }
             if let Some(e) = first_error {
-                return Err(Error::api("deleting pods", key, e));
+                return Err(Error::api::<K>("deleting pods", key, e));
             }
         }
         Ok(())
     }
 
-    async fn create_pod(&self, api: &Api<Pod>, rs: &Arc<ReplicaSet>, pod: &Pod) -> Result<(), kube::Error> {
+    async fn create_pod(&self, api: &Api<Pod>, rs: &Arc<K>, pod: &Pod) -> Result<(), kube::Error> {
         match api.create(&PostParams::default(), pod).await {
             Ok(created) => {
                 let name = created.metadata.name.unwrap_or_default();
-                tracing::debug!(replicaset = %key_of(&rs.metadata), pod = %name, "created pod");
+                tracing::debug!(controller = K::CONTROLLER, object = %key_of(rs.meta()), pod = %name, "created pod");
                 self.ctx.recorder.emit(Event::about(
                     rs.as_ref(),
                     Type::Normal,
@@ -388,11 +388,11 @@ impl Rsc {
         }
     }
 
-    async fn delete_pod(&self, api: &Api<Pod>, rs: &Arc<ReplicaSet>, pod: &Pod) -> Result<(), kube::Error> {
+    async fn delete_pod(&self, api: &Api<Pod>, rs: &Arc<K>, pod: &Pod) -> Result<(), kube::Error> {
         let name = pod.metadata.name.as_deref().unwrap_or("");
         match api.delete(name, &DeleteParams::default()).await {
             Ok(_) => {
-                tracing::debug!(replicaset = %key_of(&rs.metadata), pod = %name, "deleted pod");
+                tracing::debug!(controller = K::CONTROLLER, object = %key_of(rs.meta()), pod = %name, "deleted pod");
                 self.ctx.recorder.emit(Event::about(
                     rs.as_ref(),
                     Type::Normal,
@@ -416,16 +416,16 @@ impl Rsc {
 
     /// The pods of every ReplicaSet with the same controller (a Deployment's other revisions),
     /// used to prefer deleting pods doubled up on a node (`getIndirectlyRelatedPods`).
-    fn related_pods(&self, rs: &ReplicaSet, all_pods: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
-        let Some(controller) = controller_of(&rs.metadata) else { return Vec::new() };
-        let namespace = rs.metadata.namespace.as_deref();
+    fn related_pods(&self, rs: &K, all_pods: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+        let Some(controller) = controller_of(rs.meta()) else { return Vec::new() };
+        let namespace = rs.meta().namespace.as_deref();
         let selectors: Vec<LabelSelector> = self
             .rss
             .state()
             .iter()
-            .filter(|r| r.metadata.namespace.as_deref() == namespace)
-            .filter(|r| controller_of(&r.metadata).is_some_and(|c| c.uid == controller.uid))
-            .filter_map(|r| r.spec.as_ref().and_then(|s| LabelSelector::from_k8s(&s.selector).ok()))
+            .filter(|r| r.meta().namespace.as_deref() == namespace)
+            .filter(|r| controller_of(r.meta()).is_some_and(|c| c.uid == controller.uid))
+            .filter_map(|r| r.has_spec().then(|| r.selector().ok()).flatten())
             .collect();
         let empty = Default::default();
         all_pods
@@ -441,22 +441,21 @@ impl Rsc {
 
     /// Writes the status through the status subresource; after a failure, once more over a
     /// fresh read (`updateReplicaSetStatus`).
-    async fn write_status(&self, rs: &ReplicaSet, key: &str, mut status: ReplicaSetStatus) -> Result<(), Error> {
+    async fn write_status(&self, rs: &K, key: &str, mut status: ReplicaSetStatus) -> Result<(), Error> {
         // The generation acted on, even if the retry reads a newer one.
-        status.observed_generation = rs.metadata.generation;
-        let api: Api<ReplicaSet> =
-            Api::namespaced(self.ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or(""));
-        let name = rs.metadata.name.as_deref().unwrap_or("");
+        status.observed_generation = rs.meta().generation;
+        let api: Api<K> = Api::namespaced(self.ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or(""));
+        let name = rs.meta().name.as_deref().unwrap_or("");
         let mut obj = rs.clone();
-        obj.status = Some(status.clone());
+        obj.set_replica_status(status.clone());
         if api.replace_status(name, &PostParams::default(), &obj).await.is_ok() {
             return Ok(());
         }
-        let mut fresh = api.get(name).await.map_err(|e| Error::api("reading", key, e))?;
-        fresh.status = Some(status);
+        let mut fresh = api.get(name).await.map_err(|e| Error::api::<K>("reading", key, e))?;
+        fresh.set_replica_status(status);
         api.replace_status(name, &PostParams::default(), &fresh)
             .await
-            .map_err(|e| Error::api("updating the status", key, e))?;
+            .map_err(|e| Error::api::<K>("updating the status", key, e))?;
         Ok(())
     }
 }

@@ -16,8 +16,8 @@ const LEASE_NAME: &str = "kube-controller-manager";
 #[derive(clap::Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `*` for all, `name` to add one, `-name` to remove one
-    /// (replicaset, deployment, garbagecollector, nodelifecycle, namespace, endpointslice, endpoint,
-    /// serviceaccount, root-ca-cert-publisher).
+    /// (replicaset, replicationcontroller, deployment, garbagecollector, nodelifecycle, namespace,
+    /// endpointslice, endpoint, serviceaccount, root-ca-cert-publisher).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// A node that renews neither its Lease nor its status for this long is unreachable.

@@ -1,16 +1,17 @@
-//! The pure cores of the ReplicaSet and Deployment controllers: every decision they make, as
-//! functions of API objects and the clock, with no IO.
+//! The pure cores of the ReplicaSet, ReplicationController and Deployment controllers: every
+//! decision they make, as functions of API objects and the clock, with no IO.
 //!
 //! The vocabulary is kube-controller-manager's (`pkg/controller/replicaset`,
 //! `pkg/controller/deployment` and `pkg/controller/controller_utils.go`): expectations, slow-start
-//! batches, active pods ranked for deletion, fenceposts, proportional scaling, revisions. The two
-//! shells (`replicaset.rs`, `deployment.rs`) feed these from reflector stores and write what they
-//! decide through the API.
+//! batches, active pods ranked for deletion, fenceposts, proportional scaling, revisions. The
+//! shells (`replicaset.rs`, also run over ReplicationControllers by `replication.rs`, and
+//! `deployment.rs`) feed these from reflector stores and write what they decide through the API.
 
 pub mod expectations;
 pub mod pods;
 pub mod progress;
 pub mod replicas;
+pub mod replicated;
 pub mod retry;
 pub mod revision;
 pub mod rollout;

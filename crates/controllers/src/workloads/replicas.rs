@@ -1,15 +1,17 @@
 //! What a ReplicaSet decides about its pods: which it owns, adopts and releases, how many to
-//! create or delete and in which batches, the pods it creates, and its status.
+//! create or delete and in which batches, the pods it creates, and its status. A
+//! ReplicationController decides the same, through [`Replicated`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
 use berth_api::selector::LabelSelector;
-use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
+use k8s_openapi::api::apps::v1::{ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::replicated::Replicated;
 use super::{api_time, controller_of, controller_ref, pods};
 
 /// At most this many pods are created or deleted in one sync (`--concurrent-...` burstReplicas).
@@ -18,14 +20,6 @@ pub const BURST_REPLICAS: usize = 500;
 pub const SLOW_START_INITIAL_BATCH: usize = 1;
 /// The ReplicaSet condition set when pods cannot be created or deleted.
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
-
-pub fn replicas(rs: &ReplicaSet) -> i32 {
-    rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
-}
-
-pub fn min_ready_seconds(rs: &ReplicaSet) -> i32 {
-    rs.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0)
-}
 
 /// The pods of a sync, sorted out by ownership (`ControllerRefManager.ClaimPods`).
 #[derive(Debug, Default, PartialEq)]
@@ -40,9 +34,9 @@ pub struct Claim<'a> {
 
 /// Sorts the active pods of the ReplicaSet's namespace. A ReplicaSet being deleted adopts nothing
 /// and releases nothing; pods being deleted are never adopted.
-pub fn claim<'a>(rs: &ReplicaSet, selector: &LabelSelector, pods: &[&'a Pod]) -> Claim<'a> {
-    let uid = rs.metadata.uid.as_deref().unwrap_or("");
-    let rs_deleting = rs.metadata.deletion_timestamp.is_some();
+pub fn claim<'a, K: Replicated>(rs: &K, selector: &LabelSelector, pods: &[&'a Pod]) -> Claim<'a> {
+    let uid = rs.meta().uid.as_deref().unwrap_or("");
+    let rs_deleting = rs.meta().deletion_timestamp.is_some();
     let empty = BTreeMap::new();
     let mut out = Claim::default();
     for pod in pods {
@@ -107,18 +101,20 @@ where
 }
 
 /// The pod the ReplicaSet creates from its template (`GetPodFromTemplate`): the template's
-/// labels, annotations, finalizers and spec, named by the server from `<rs>-`.
-pub fn pod_from_template(rs: &ReplicaSet) -> Pod {
-    let template: PodTemplateSpec = rs.spec.as_ref().and_then(|s| s.template.clone()).unwrap_or_default();
+/// labels, annotations, finalizers and spec, named by the server from `<rs>-`, controlled by
+/// the ReplicaSet (or ReplicationController).
+pub fn pod_from_template<K: Replicated>(rs: &K) -> Pod {
+    let template: PodTemplateSpec = rs.template().cloned().unwrap_or_default();
     let meta = template.metadata.unwrap_or_default();
+    let owner = rs.meta();
     Pod {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}-", rs.metadata.name.as_deref().unwrap_or(""))),
-            namespace: rs.metadata.namespace.clone(),
+            generate_name: Some(format!("{}-", owner.name.as_deref().unwrap_or(""))),
+            namespace: owner.namespace.clone(),
             labels: meta.labels,
             annotations: meta.annotations,
             finalizers: meta.finalizers,
-            owner_references: Some(vec![controller_ref("apps/v1", "ReplicaSet", &rs.metadata)]),
+            owner_references: Some(vec![controller_ref(&K::api_version(&()), &K::kind(&()), owner)]),
             ..Default::default()
         },
         spec: template.spec,
@@ -128,17 +124,12 @@ pub fn pod_from_template(rs: &ReplicaSet) -> Pod {
 
 /// The status of a ReplicaSet from its active, claimed pods (`calculateStatus`); `failure` is
 /// the message of the error creating or deleting pods in this sync, if any.
-pub fn status(rs: &ReplicaSet, active: &[&Pod], failure: Option<&str>, now: jiff::Timestamp) -> ReplicaSetStatus {
-    let mut status = rs.status.clone().unwrap_or_default();
+pub fn status<K: Replicated>(rs: &K, active: &[&Pod], failure: Option<&str>, now: jiff::Timestamp) -> ReplicaSetStatus {
+    let mut status = rs.replica_status().unwrap_or_default();
     let empty = BTreeMap::new();
-    let template_labels = rs
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.as_ref())
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.labels.as_ref());
+    let template_labels = rs.template().and_then(|t| t.metadata.as_ref()).and_then(|m| m.labels.as_ref());
     let template_labels = template_labels.unwrap_or(&empty);
-    let min_ready = min_ready_seconds(rs);
+    let min_ready = rs.min_ready_seconds();
     let (mut fully_labeled, mut ready, mut available) = (0, 0, 0);
     for pod in active {
         let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
@@ -155,7 +146,7 @@ pub fn status(rs: &ReplicaSet, active: &[&Pod], failure: Option<&str>, now: jiff
     let existing = status.conditions.iter().flatten().any(|c| c.type_ == REPLICA_FAILURE);
     match failure {
         Some(message) if !existing => {
-            let diff = active.len() as i64 - i64::from(replicas(rs));
+            let diff = active.len() as i64 - i64::from(rs.replicas());
             let reason = match diff.cmp(&0) {
                 std::cmp::Ordering::Less => "FailedCreate",
                 std::cmp::Ordering::Greater => "FailedDelete",
@@ -188,21 +179,21 @@ pub fn status(rs: &ReplicaSet, active: &[&Pod], failure: Option<&str>, now: jiff
 
 /// Whether `new` differs from the stored status in what `updateReplicaSetStatus` compares
 /// (counts, conditions, and an observed generation behind the object's).
-pub fn status_changed(rs: &ReplicaSet, new: &ReplicaSetStatus) -> bool {
-    let old = rs.status.clone().unwrap_or_default();
+pub fn status_changed<K: Replicated>(rs: &K, new: &ReplicaSetStatus) -> bool {
+    let old = rs.replica_status().unwrap_or_default();
     let n = |v: Option<i32>| v.unwrap_or(0);
     old.replicas != new.replicas
         || n(old.fully_labeled_replicas) != n(new.fully_labeled_replicas)
         || n(old.ready_replicas) != n(new.ready_replicas)
         || n(old.available_replicas) != n(new.available_replicas)
-        || rs.metadata.generation.unwrap_or(0) != old.observed_generation.unwrap_or(0)
+        || rs.meta().generation.unwrap_or(0) != old.observed_generation.unwrap_or(0)
         || old.conditions.unwrap_or_default() != new.conditions.clone().unwrap_or_default()
 }
 
 /// When to look again so that pods that are ready but not yet available for `minReadySeconds`
 /// are counted available (the upstream controller requeues after `minReadySeconds`).
-pub fn next_availability_check(rs: &ReplicaSet, active: &[&Pod], now: jiff::Timestamp) -> Option<Duration> {
-    let min_ready = min_ready_seconds(rs);
+pub fn next_availability_check<K: Replicated>(rs: &K, active: &[&Pod], now: jiff::Timestamp) -> Option<Duration> {
+    let min_ready = rs.min_ready_seconds();
     active.iter().filter_map(|p| pods::available_in(p, min_ready, now)).min()
 }
 
@@ -210,7 +201,7 @@ pub fn next_availability_check(rs: &ReplicaSet, active: &[&Pod], now: jiff::Time
 mod tests {
     use super::super::pods::testing::*;
     use super::*;
-    use k8s_openapi::api::apps::v1::ReplicaSetSpec;
+    use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as K8sSelector, OwnerReference, Time};
 
     fn rs(replicas: i32) -> ReplicaSet {
@@ -318,6 +309,33 @@ mod tests {
         let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("ReplicaSet", "rs-uid"));
         assert_eq!((owner.controller, owner.block_owner_deletion), (Some(true), Some(true)));
+    }
+
+    #[test]
+    fn a_replication_controller_claims_and_creates_pods_as_a_replica_set_does_under_its_own_kind() {
+        let rc: k8s_openapi::api::core::v1::ReplicationController = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db", "namespace": "ns", "uid": "rc-uid"},
+            "spec": {"replicas": 2, "selector": {"app": "web"},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": []}}},
+        }))
+        .unwrap();
+        let p = pod_from_template(&rc);
+        assert_eq!(p.metadata.generate_name.as_deref(), Some("db-"));
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.api_version.as_str(), owner.kind.as_str(), owner.uid.as_str()),
+            ("v1", "ReplicationController", "rc-uid")
+        );
+        assert_eq!((owner.controller, owner.block_owner_deletion), (Some(true), Some(true)));
+
+        let mine = owned_by(pod("mine", 0), "rc-uid");
+        let orphan = pod("orphan", 0);
+        let selector = rc.selector().unwrap();
+        let c = claim(&rc, &selector, &[&mine, &orphan]);
+        assert_eq!((c.owned, c.adopt), (vec![&mine], vec![&orphan]));
+        let s = status(&rc, &[&mine], Some("quota"), at(0));
+        assert_eq!(s.replicas, 1);
+        assert_eq!(s.conditions.unwrap()[0].reason.as_deref(), Some("FailedCreate"), "one pod short of two");
     }
 
     #[test]

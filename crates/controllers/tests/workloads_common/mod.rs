@@ -1,5 +1,6 @@
 //! Test harness for the ReplicaSet and Deployment controllers: the real API server in-process
-//! (SQLite in a temp dir, `apiserver::router` as the `kube::Client`), both controllers on tasks,
+//! (SQLite in a temp dir, `apiserver::router` as the `kube::Client`), both controllers on tasks
+//! (and any other controller a test adds with [`Cluster::spawn`]),
 //! a stand-in kubelet that marks pods Running and Ready, and a census of pods taken from a watch,
 //! which records the most pods and the fewest ready ones the cluster ever showed.
 #![allow(dead_code)]
@@ -72,6 +73,12 @@ impl Cluster {
         let ctx = Context::new(client.clone(), Config::default());
         let tasks = vec![tokio::spawn(replicaset::run(ctx.clone())), tokio::spawn(deployment::run(ctx))];
         Cluster { client, state, tasks, _dir: dir }
+    }
+
+    /// Runs another controller (or any task) until the cluster is dropped.
+    pub fn spawn<F: Future<Output = ()> + Send + 'static>(&mut self, run: impl FnOnce(Arc<Context>) -> F) {
+        let ctx = Context::new(self.client.clone(), Config::default());
+        self.tasks.push(tokio::spawn(run(ctx)));
     }
 
     pub fn pods(&self) -> Api<Pod> {
