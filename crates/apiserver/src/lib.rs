@@ -27,6 +27,7 @@ pub mod tls;
 pub mod tokenrequest;
 pub mod tokenreview;
 pub mod watch;
+pub mod watch_events;
 
 use std::sync::Arc;
 
@@ -59,6 +60,8 @@ pub struct ApiState {
     pub services: services::ServiceNetwork,
     /// Signs and verifies service account tokens; `None`: TokenRequest is unavailable.
     pub service_account_tokens: Option<satoken::TokenKeys>,
+    /// Watch events decoded once for every watcher.
+    pub watch_events: watch_events::SharedEvents,
 }
 
 impl ApiState {
@@ -98,6 +101,7 @@ impl ApiState {
             admission,
             services,
             service_account_tokens,
+            watch_events: watch_events::SharedEvents::default(),
         })
     }
 }

@@ -62,6 +62,40 @@ fn render(rt: &ResourceType, obj: &Value, out: Output) -> Value {
     }
 }
 
+/// The line a watcher with selectors `sel` and output `out` gets for `ev`, if any: the object
+/// entering the selection is ADDED, leaving it DELETED, staying in it MODIFIED. Decoding, and
+/// encoding the whole object, are shared with the other watchers of the event.
+fn event_line(
+    state: &ApiState,
+    rt: &'static ResourceType,
+    sel: &Selectors,
+    out: Output,
+    ev: &berth_store::Event,
+) -> Option<Bytes> {
+    let decoded = state.watch_events.get(rt, ev);
+    let new = decoded.new_object(rt, ev);
+    let matches = |o: Option<&Value>| o.is_some_and(|o| sel.matches(rt, o));
+    // With no selector, only whether there was an old object matters: it need not be decoded.
+    let old_matches = || if sel.is_empty() { ev.prev_value.is_some() } else { matches(decoded.old_object(rt, ev)) };
+    let (kind, obj) = match ev.kind {
+        EventKind::Put => match (matches(new), old_matches()) {
+            (true, true) => ("MODIFIED", new),
+            (true, false) => ("ADDED", new),
+            (false, true) => ("DELETED", new),
+            (false, false) => return None,
+        },
+        EventKind::Delete => match old_matches() {
+            true => ("DELETED", decoded.old_object(rt, ev)),
+            false => return None,
+        },
+    };
+    let obj = obj?;
+    Some(match out {
+        Output::Object => decoded.object_line(kind, || line(kind, obj.clone())),
+        _ => line(kind, render(rt, obj, out)),
+    })
+}
+
 fn line(kind: &str, object: Value) -> Bytes {
     let mut s = json!({"type": kind, "object": object}).to_string();
     s.push('\n');
@@ -123,7 +157,7 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
     state.metrics.watchers(rt.plural, 1);
     let guard = WatchGuard { state: state.clone(), resource: rt.plural };
 
-    let stream = async_stream(rt, sel, out, initial, start, events, bookmarks, timeout, guard);
+    let stream = async_stream(state.clone(), rt, sel, out, initial, start, events, bookmarks, timeout, guard);
     let body = Body::from_stream(stream);
     let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
     resp.extensions_mut().insert(crate::negotiation::WatchStream);
@@ -132,6 +166,7 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
 
 #[allow(clippy::too_many_arguments)]
 fn async_stream(
+    state: Arc<ApiState>,
     rt: &'static ResourceType,
     sel: Selectors,
     out: Output,
@@ -178,22 +213,8 @@ fn async_stream(
                 Ok(Some(Ok(ev))) => ev,
             };
             last_rev = ev.revision;
-            let decode = |b: &[u8]| objects::decode(rt, b, ev.revision).ok();
-            let new = ev.value.as_deref().and_then(decode);
-            let old = ev.prev_value.as_deref().and_then(decode);
-            let matches = |o: &Option<Value>| o.as_ref().is_some_and(|o| sel.matches(rt, o));
-            let msg = match ev.kind {
-                EventKind::Put => match (matches(&new), matches(&old)) {
-                    (true, true) => Some(("MODIFIED", new)),
-                    (true, false) => Some(("ADDED", new)),
-                    (false, true) => Some(("DELETED", new)),
-                    (false, false) => None,
-                },
-                EventKind::Delete => matches(&old).then_some(("DELETED", old)),
-            };
-            if let Some((kind, Some(obj))) = msg
-                && tx.send(line(kind, render(rt, &obj, out))).await.is_err()
-            {
+            let Some(bytes) = event_line(&state, rt, &sel, out, &ev) else { continue };
+            if tx.send(bytes).await.is_err() {
                 return;
             }
         }
