@@ -166,7 +166,12 @@ impl CreateOptions {
 pub struct ExecOptions {
     pub process: PathBuf,
     pub detach: bool,
+    /// Where the runtime writes the pid of the process on the host: the process itself under
+    /// runc and crun, but the `runsc exec` client under runsc (the process runs in the sandbox).
     pub pid_file: Option<PathBuf>,
+    /// runsc only: where it writes the process's pid inside the sandbox, which
+    /// [`OciRuntime::kill_process`] takes.
+    pub internal_pid_file: Option<PathBuf>,
     pub console_socket: Option<PathBuf>,
 }
 
@@ -182,6 +187,11 @@ impl ExecOptions {
 
     pub fn pid_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.pid_file = Some(path.into());
+        self
+    }
+
+    pub fn internal_pid_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.internal_pid_file = Some(path.into());
         self
     }
 
@@ -306,6 +316,17 @@ impl OciRuntime {
         self.run(args, Some(id)).map(drop)
     }
 
+    /// runsc only: sends `signal` to one process of the container, `pid` as the sandbox sees it
+    /// (what [`ExecOptions::internal_pid_file`] received). The way to end an exec under runsc:
+    /// killing the `runsc exec` client on the host leaves the process running in the sandbox.
+    pub fn kill_process(&self, id: &str, pid: u32, signal: Signal) -> Result<(), OciError> {
+        let mut args = self.verb("kill");
+        push(&mut args, ["--pid".to_owned(), pid.to_string()]);
+        args.push(id.into());
+        args.push((signal as i32).to_string().into());
+        self.run(args, Some(id)).map(drop)
+    }
+
     /// Deletes the container. With `force` a running container is killed first; runc, crun and
     /// runsc all report success for a container that does not exist when forced.
     pub fn delete(&self, id: &str, force: bool) -> Result<(), OciError> {
@@ -338,6 +359,9 @@ impl OciRuntime {
         }
         if let Some(p) = &opts.pid_file {
             push(&mut args, ["--pid-file".as_ref(), p.as_os_str()]);
+        }
+        if let Some(p) = &opts.internal_pid_file {
+            push(&mut args, ["--internal-pid-file".as_ref(), p.as_os_str()]);
         }
         if let Some(p) = &opts.console_socket {
             push(&mut args, ["--console-socket".as_ref(), p.as_os_str()]);
@@ -590,6 +614,8 @@ mod tests {
         assert_eq!(spawner.last_args(), ["kill", "--all", "c1", "9"]);
         rt.kill("c1", Signal::SIGTERM, false).unwrap();
         assert_eq!(spawner.last_args(), ["kill", "c1", "15"]);
+        rt.kill_process("c1", 2, Signal::SIGKILL).unwrap();
+        assert_eq!(spawner.last_args(), ["kill", "--pid", "2", "c1", "9"]);
         rt.delete("c1", true).unwrap();
         assert_eq!(spawner.last_args(), ["delete", "--force", "c1"]);
         rt.delete("c1", false).unwrap();
@@ -608,6 +634,25 @@ mod tests {
         assert_eq!(
             strings(&rt.exec_args("c1", &opts))[1..],
             ["exec", "--process", "/b/exec.json", "--detach", "--pid-file", "/b/exec.pid", "c1"]
+        );
+    }
+
+    #[test]
+    fn a_runsc_exec_can_also_write_the_pid_the_sandbox_gives_the_process() {
+        let (_, rt) = fake();
+        let opts = ExecOptions::new("/b/exec.json").pid_file("/b/exec.pid").internal_pid_file("/b/exec.ipid");
+        assert_eq!(
+            strings(&rt.exec_args("c1", &opts))[1..],
+            [
+                "exec",
+                "--process",
+                "/b/exec.json",
+                "--pid-file",
+                "/b/exec.pid",
+                "--internal-pid-file",
+                "/b/exec.ipid",
+                "c1"
+            ]
         );
     }
 

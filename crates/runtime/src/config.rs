@@ -11,6 +11,8 @@
 //! binary = "runsc"
 //! args = ["--platform=ptrace", "--network=host"]
 //! isolation = "sandbox-per-container"   # the default for runsc; else "shared-pod-namespaces"
+//! # the default for runsc: what gVisor releases up to 2022 refuse; [] for a newer runsc
+//! unsupported_capabilities = ["CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"]
 //! platform = "linux/amd64"
 //! [registries."127.0.0.1:5000"]
 //! insecure = true
@@ -18,6 +20,9 @@
 //!
 //! A file without `[handlers]` (or no file at the default path) gets the handlers found on PATH:
 //! `runc`, `crun` and `gvisor` (runsc), each with the host's platform.
+//!
+//! runsc is run with `--oci-seccomp` (so that it enforces the spec's seccomp profile) unless
+//! `args` set that flag.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -27,6 +32,8 @@ use std::sync::Arc;
 use berth_image::{ImagesConfig, Platform, RegistryHost};
 use berth_oci::OciRuntime;
 use berth_oci::runtime::ProcessSpawner;
+use berth_oci::spec::RuntimeGaps;
+use oci_spec::runtime::Capability;
 use serde::{Deserialize, Serialize};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/berth/runtime.toml";
@@ -95,13 +102,18 @@ pub struct RuntimeHandler {
     pub root: Option<PathBuf>,
     /// How the handler's containers share their pod.
     pub isolation: Isolation,
+    /// What the OCI runtime does not do, worked around in every spec generated for this handler:
+    /// for runsc, the capabilities it refuses (the `unsupported_capabilities` key) and masked and
+    /// read-only paths (it ignores them).
+    pub gaps: RuntimeGaps,
     /// Guest platform images are chosen for: the configured one, else the host's.
     pub platform: Platform,
     /// Pod and container annotations passed into the OCI spec.
     pub allowed_annotations: Vec<String>,
     /// Whether privileged pods may use this handler.
     pub privileged: bool,
-    /// `binary` (a bare name found on PATH once, here), `args` and `root` as one OCI runtime.
+    /// `binary` (a bare name found on PATH once, here), `args` (for runsc with `--oci-seccomp`
+    /// added, see [`runtime_args`]) and `root` as one OCI runtime.
     oci: OciRuntime,
 }
 
@@ -137,14 +149,34 @@ impl Isolation {
         Isolation::NAMES.iter().find(|(name, _)| *name == s).map(|(_, i)| *i)
     }
 
-    /// Without an `isolation` key: sandbox-per-container for gVisor's `runsc` (a binary whose file
-    /// name contains it), shared pod namespaces for anything else.
+    /// Without an `isolation` key: sandbox-per-container for gVisor's `runsc`, shared pod
+    /// namespaces for anything else.
     pub fn default_for(binary: &Path) -> Isolation {
-        if binary.file_name().is_some_and(|n| n.to_string_lossy().contains("runsc")) {
-            Isolation::SandboxPerContainer
-        } else {
-            Isolation::SharedPodNamespaces
-        }
+        if is_runsc(binary) { Isolation::SandboxPerContainer } else { Isolation::SharedPodNamespaces }
+    }
+}
+
+/// gVisor's `runsc`: a binary whose file name contains it.
+fn is_runsc(binary: &Path) -> bool {
+    binary.file_name().is_some_and(|n| n.to_string_lossy().contains("runsc"))
+}
+
+/// What gVisor releases up to at least 2022-12 (Debian's runsc 0.0~20221219) refuse: their
+/// sandbox knows no capability after `CAP_AUDIT_READ`, and boot fails with `converting
+/// capabilities: unknown capability "CAP_BPF"` when any set of the spec names one (tried one by
+/// one for all 41 capabilities in the bounding, effective, permitted and inheritable sets).
+const GVISOR_2022_UNSUPPORTED_CAPABILITIES: [Capability; 3] =
+    [Capability::Perfmon, Capability::Bpf, Capability::CheckpointRestore];
+
+/// What a handler's OCI runtime does not do, from its binary: for `runsc`, the capabilities
+/// gVisor's 2022 releases refuse (unless `unsupported` names others: `[]` for a newer runsc that
+/// knows them) and masked and read-only paths, which runsc ignores; nothing for anything else.
+fn runtime_gaps(binary: &Path, unsupported: Option<Vec<Capability>>) -> RuntimeGaps {
+    let runsc = is_runsc(binary);
+    let default = || if runsc { GVISOR_2022_UNSUPPORTED_CAPABILITIES.to_vec() } else { Vec::new() };
+    RuntimeGaps {
+        unsupported_capabilities: unsupported.unwrap_or_else(default),
+        ignores_masked_and_readonly_paths: runsc,
     }
 }
 
@@ -197,6 +229,8 @@ struct HandlerFile {
     root: Option<PathBuf>,
     /// `shared-pod-namespaces` or `sandbox-per-container`; default from the binary.
     isolation: Option<String>,
+    /// Capability names (`CAP_BPF` or `BPF`); default from the binary.
+    unsupported_capabilities: Option<Vec<String>>,
     platform: Option<String>,
     #[serde(default)]
     os_version: String,
@@ -368,6 +402,22 @@ fn validate_handler(name: &str, h: HandlerFile) -> Result<RuntimeHandler, Config
         })?,
         None => Isolation::default_for(&h.binary),
     };
+    let unsupported_capabilities = match &h.unsupported_capabilities {
+        Some(names) => Some(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    berth_oci::spec::parse_capability(name).map_err(|_| {
+                        let key = format!("{}[{i}]", key("unsupported_capabilities"));
+                        invalid(key, format!("unknown capability {name:?}"))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        None => None,
+    };
+    let gaps = runtime_gaps(&h.binary, unsupported_capabilities);
     let mut platform = match &h.platform {
         Some(p) => parse_platform(p).ok_or_else(|| invalid(key("platform"), format!("invalid platform {p:?}")))?,
         None => host_platform(),
@@ -393,6 +443,7 @@ fn validate_handler(name: &str, h: HandlerFile) -> Result<RuntimeHandler, Config
         args: h.args,
         root: h.root,
         isolation,
+        gaps,
         platform,
         allowed_annotations: h.allowed_annotations,
         privileged: h.privileged,
@@ -405,11 +456,23 @@ fn oci_runtime(binary: &Path, args: &[String], root: Option<&Path>) -> OciRuntim
     let on_path = || std::env::var_os("PATH").and_then(|path| find_on_path(binary.to_str()?, &path));
     let bare_name = binary.components().count() == 1;
     let resolved = if bare_name { on_path().unwrap_or_else(|| binary.to_path_buf()) } else { binary.to_path_buf() };
-    let mut rt = OciRuntime::new(resolved, Arc::new(ProcessSpawner)).with_global_args(args.iter().cloned());
+    let mut rt = OciRuntime::new(resolved, Arc::new(ProcessSpawner)).with_global_args(runtime_args(binary, args));
     if let Some(root) = root {
         rt = rt.with_root(root);
     }
     rt
+}
+
+/// The global args a handler's runtime is run with: the configured ones, and for runsc
+/// `--oci-seccomp` unless they set that flag themselves (`--oci-seccomp=false`). Without it runsc
+/// ignores the spec's seccomp profile, so a container would run unconfined whatever it asked for.
+fn runtime_args(binary: &Path, args: &[String]) -> Vec<String> {
+    let mut out = args.to_vec();
+    let names_oci_seccomp = args.iter().any(|a| a.trim_start_matches('-').split('=').next() == Some("oci-seccomp"));
+    if is_runsc(binary) && !names_oci_seccomp {
+        out.push("--oci-seccomp".to_owned());
+    }
+    out
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -455,6 +518,7 @@ fn discover_handlers(search_path: &OsStr) -> BTreeMap<String, Arc<RuntimeHandler
                 name: name.to_string(),
                 oci: oci_runtime(&binary, &args, None),
                 isolation: Isolation::default_for(&binary),
+                gaps: runtime_gaps(&binary, None),
                 binary,
                 args,
                 root: None,
@@ -498,6 +562,7 @@ binary = "runsc"
 args = ["--platform=ptrace", "--network=host"]
 root = "/run/berth/runsc"
 isolation = "sandbox-per-container"
+unsupported_capabilities = ["CAP_BPF", "perfmon"]
 platform = "linux/arm64/v8"
 os_version = "10.0.17763"
 os_features = ["win32k"]
@@ -524,6 +589,7 @@ ca_files = ["/etc/ssl/extra.pem"]
         assert_eq!(g.args, ["--platform=ptrace", "--network=host"]);
         assert_eq!(g.root.as_deref(), Some(Path::new("/run/berth/runsc")));
         assert_eq!(g.isolation, Isolation::SandboxPerContainer);
+        assert_eq!(g.gaps.unsupported_capabilities, [Capability::Bpf, Capability::Perfmon]);
         assert_eq!(
             g.platform,
             Platform {
@@ -605,6 +671,62 @@ isolation = "shared-pod-namespaces"
     }
 
     #[test]
+    fn runsc_handlers_work_around_what_gvisor_2022_does_not_do_and_the_capabilities_are_configurable() {
+        let c = parse(
+            r#"
+[handlers.runc]
+binary = "runc"
+[handlers.gvisor]
+binary = "/opt/gvisor/bin/runsc"
+[handlers.gvisor-new]
+binary = "runsc"
+unsupported_capabilities = []
+[handlers.vm]
+binary = "vm-runtime"
+unsupported_capabilities = ["SYS_ADMIN", "cap_bpf"]
+"#,
+        )
+        .unwrap();
+        let unsupported = |name: &str| c.handler(name).unwrap().gaps.unsupported_capabilities.clone();
+        assert_eq!(unsupported("runc"), []);
+        assert_eq!(unsupported("gvisor"), [Capability::Perfmon, Capability::Bpf, Capability::CheckpointRestore]);
+        assert_eq!(unsupported("gvisor-new"), []);
+        assert_eq!(unsupported("vm"), [Capability::SysAdmin, Capability::Bpf]);
+        let emulates_paths = |name: &str| c.handler(name).unwrap().gaps.ignores_masked_and_readonly_paths;
+        assert!(emulates_paths("gvisor") && emulates_paths("gvisor-new"), "runsc ignores masked and read-only paths");
+        assert!(!emulates_paths("runc") && !emulates_paths("vm"));
+    }
+
+    #[test]
+    fn an_unknown_unsupported_capability_names_its_key() {
+        let text = "[handlers.runc]\nbinary = \"runc\"\nunsupported_capabilities = [\"BPF\", \"FLY\"]\n";
+        assert_eq!(err(text), r#"handlers.runc.unsupported_capabilities[1]: unknown capability "FLY""#);
+    }
+
+    #[test]
+    fn a_runsc_handler_enforces_the_specs_seccomp_profile_unless_its_args_say_otherwise() {
+        let c = parse(
+            r#"
+[handlers.runc]
+binary = "/bin/true"
+args = ["--debug"]
+[handlers.gvisor]
+binary = "/usr/bin/runsc"
+args = ["--platform=ptrace"]
+[handlers.gvisor-unconfined]
+binary = "/usr/bin/runsc"
+args = ["-oci-seccomp=false"]
+"#,
+        )
+        .unwrap();
+        let args = |name: &str| c.handlers[name].oci().global_args().to_vec();
+        assert_eq!(args("runc"), ["--debug"]);
+        assert_eq!(args("gvisor"), ["--platform=ptrace", "--oci-seccomp"]);
+        assert_eq!(c.handlers["gvisor"].args, ["--platform=ptrace"], "the configured args stay as written");
+        assert_eq!(args("gvisor-unconfined"), ["-oci-seccomp=false"]);
+    }
+
+    #[test]
     fn a_handlers_oci_runtime_is_resolved_once_with_its_args_and_root() {
         let text = "[handlers.runc]\nbinary = \"/bin/true\"\nargs = [\"--debug\"]\nroot = \"/run/x\"\n\
                     [handlers.sh]\nbinary = \"sh\"\n";
@@ -678,6 +800,8 @@ isolation = "shared-pod-namespaces"
         assert_eq!(c.handlers["gvisor"].args, ["--platform=ptrace", "--network=host"]);
         assert_eq!(c.handlers["gvisor"].platform, host_platform());
         assert_eq!(c.handlers["gvisor"].isolation, Isolation::SandboxPerContainer);
+        assert_eq!(c.handlers["gvisor"].gaps.unsupported_capabilities.len(), 3);
+        assert_eq!(c.handlers["runc"].gaps, RuntimeGaps::default());
         assert!(c.handlers["runc"].args.is_empty());
         assert_eq!(c.handlers["runc"].isolation, Isolation::SharedPodNamespaces);
     }

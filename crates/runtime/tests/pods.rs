@@ -341,11 +341,13 @@ async fn a_gvisor_container_whose_start_fails_leaves_no_cgroup_behind() {
         .into_inner()
         .pod_sandbox_id;
     let mut config = container_config("privileged", &image, "true");
+    config.command = vec!["/no/such/binary".into()];
     config.linux = Some(cri::LinuxContainerConfig { security_context: Some(privileged()), ..Default::default() });
     let id = create(&mut c, &sandbox, &pod, config).await.unwrap();
-    // This machine's runsc cannot start a privileged container ("cannot read client sync file"),
-    // and leaves the container's cgroup it made; whether or not it starts, nothing may stay.
+    // runsc fails this start once it made the sandbox and the container's cgroup ("creating
+    // process: failed to load /no/such/binary"), and leaves the cgroup; nothing may stay.
     let started = c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await;
+    assert!(started.as_ref().is_err_and(|e| e.message().contains("/no/such/binary")), "start: {started:?}");
     c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
     rt.shutdown().await;
     assert_eq!(leaks(&[&sandbox, &id]), Vec::<String>::new(), "start: {started:?}");
@@ -364,6 +366,50 @@ async fn a_crun_pod_runs_logs_execs_stops_and_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gvisor_pod_runs_logs_execs_stops_and_leaves_nothing_behind() {
     lifecycle("gvisor").await;
+}
+
+/// An ExecSync that outlives its timeout fails with DeadlineExceeded and leaves no process behind
+/// in the container (critest's "execSync with timeout").
+async fn a_timed_out_exec_leaves_no_process(handler: &str) {
+    let rt = Runtime::start().await;
+    let image = rt.pull(handler).await;
+    let mut c = rt.client().await;
+    let (sandbox, pod) = run_pod(&mut c, &rt, &format!("exec-timeout-{handler}"), handler).await;
+    let id = create(&mut c, &sandbox, &pod, container_config("app", &image, "sleep 600")).await.unwrap();
+    c.start_container(cri::StartContainerRequest { container_id: id.clone() }).await.unwrap();
+    let exec = |cmd: &[&str], timeout| cri::ExecSyncRequest {
+        container_id: id.clone(),
+        cmd: cmd.iter().map(|s| s.to_string()).collect(),
+        timeout,
+    };
+    let started = Instant::now();
+    let e = c.exec_sync(exec(&["sleep", "77"], 1)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{}", e.message());
+    assert!(started.elapsed() < Duration::from_secs(8), "the exec returned {:?} after its timeout", started.elapsed());
+    // The exec's process may take a moment to be reaped; it must not stay.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ps = c.exec_sync(exec(&["sh", "-c", "ps | grep 'sleep 77$' || true"], 10)).await.unwrap().into_inner();
+        let left = String::from_utf8_lossy(&ps.stdout).trim().to_string();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the timed-out exec is still running under {handler}: {left}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.remove_pod_sandbox(cri::RemovePodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
+    rt.shutdown().await;
+    assert_eq!(leaks(&[&sandbox, &id]), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_exec_under_runc_is_killed() {
+    a_timed_out_exec_leaves_no_process("runc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_exec_under_gvisor_is_killed_inside_the_sandbox() {
+    a_timed_out_exec_leaves_no_process("gvisor").await;
 }
 
 async fn run_pod(

@@ -8,6 +8,8 @@
 //! and `runtime/default` seccomp only when asked for. Two host facts are applied so that the
 //! runtime does not fail on this kind of VM: the OOM score is never set below the current
 //! process's (lowering needs CAP_SYS_RESOURCE) and "all capabilities" means all in our bounding set.
+//! What the OCI runtime does not do is worked around too ([`RuntimeGaps`]): capabilities it
+//! cannot grant are left out, and masked and read-only paths it ignores become mounts.
 
 mod seccomp;
 mod user;
@@ -200,6 +202,21 @@ pub struct ContainerSpec {
     pub devices: Vec<Device>,
     /// Passed through as the spec's annotations (the CRI layer filters them).
     pub annotations: BTreeMap<String, String>,
+    /// What the OCI runtime that runs the spec does not do.
+    pub runtime_gaps: RuntimeGaps,
+}
+
+/// What an OCI runtime does not do that the generated spec works around; `Default` is a runtime
+/// without gaps (runc, crun).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeGaps {
+    /// Capabilities the runtime refuses to start a container with (gVisor's runsc of 2022 knows
+    /// none after `CAP_AUDIT_READ`): left out of every capability set, whether they come from
+    /// privileged, from `ALL` or by name.
+    pub unsupported_capabilities: Vec<Capability>,
+    /// The runtime ignores `linux.maskedPaths` and `linux.readonlyPaths` (runsc): the paths in the
+    /// rootfs are masked and made read-only by mounts instead (see [`path_mounts`]).
+    pub ignores_masked_and_readonly_paths: bool,
 }
 
 /// Facts about the host that bound what a container may be given.
@@ -315,7 +332,11 @@ pub fn container_spec_on(c: &ContainerSpec, host: &HostInfo) -> Result<Spec, Spe
         (SeccompProfile::RuntimeDefault, false) => Some(seccomp::default_profile(&caps)),
         (SeccompProfile::Custom(profile), false) => Some(profile.clone()),
     };
-    let mounts = mounts(c)?;
+    let mut mounts = mounts(c)?;
+    if c.runtime_gaps.ignores_masked_and_readonly_paths {
+        let extra = path_mounts(&c.rootfs, &masked, &readonly, &mounts);
+        mounts.extend(extra);
+    }
     let mut linux = LinuxBuilder::default()
         .namespaces(namespaces(&c.namespaces)?)
         .resources(resources)
@@ -466,8 +487,14 @@ pub const DEFAULT_READONLY_PATHS: &[&str] = &["/proc/bus", "/proc/fs", "/proc/ir
 
 /// The container's capabilities: privileged → every capability we hold; otherwise the default
 /// set, then `ALL` in add (every capability we hold) or in drop (none), then the single adds, then
-/// the single drops (a drop beats an add).
+/// the single drops (a drop beats an add). Those the runtime does not support are left out last.
 fn capabilities(c: &ContainerSpec, bounding: u64) -> Result<Capabilities, SpecError> {
+    let mut caps = requested_capabilities(c, bounding)?;
+    caps.retain(|cap| !c.runtime_gaps.unsupported_capabilities.contains(cap));
+    Ok(caps)
+}
+
+fn requested_capabilities(c: &ContainerSpec, bounding: u64) -> Result<Capabilities, SpecError> {
     let held = || ALL_CAPABILITIES.iter().filter(|(_, bit)| bounding & (1 << bit) != 0).map(|(cap, _)| *cap);
     if c.privileged {
         return Ok(held().collect());
@@ -490,7 +517,7 @@ fn capabilities(c: &ContainerSpec, bounding: u64) -> Result<Capabilities, SpecEr
 }
 
 /// `NET_ADMIN`, `CAP_NET_ADMIN` and `net_admin` are all `CAP_NET_ADMIN`.
-fn parse_capability(name: &str) -> Result<Capability, SpecError> {
+pub fn parse_capability(name: &str) -> Result<Capability, SpecError> {
     let upper = name.to_ascii_uppercase();
     upper
         .strip_prefix("CAP_")
@@ -673,6 +700,55 @@ fn mounts(c: &ContainerSpec) -> Result<Vec<OciMount>, SpecError> {
         out.push(oci_mount(&m.container_path, "bind", &m.host_path, &options));
     }
     Ok(out)
+}
+
+/// Mounts that mask and make read-only the paths of `masked` and `readonly`, for a runtime that
+/// ignores `linux.maskedPaths` and `linux.readonlyPaths`; as runc applies them: a masked file gets
+/// `/dev/null` bound over it, a masked directory an empty read-only tmpfs, and a read-only path is
+/// bound onto itself read-only. They come after `mounts`.
+///
+/// Only paths that exist in the rootfs, are reached there without a symlink or `..`, and neither
+/// lie in nor hold another mount are covered: a bind mount's source is resolved on the host, so a
+/// symlink in the image could point it anywhere; a path under `/proc`, `/sys`, `/dev` or a volume
+/// is not in the rootfs (gVisor's own `/proc` and `/sys` hold none of the host's files the default
+/// masks hide); and a mount over `/etc` would hide the sandbox's `/etc/hosts` under it. As with
+/// runc, a path that does not exist is not an error.
+pub fn path_mounts(rootfs: &Path, masked: &[String], readonly: &[String], mounts: &[OciMount]) -> Vec<OciMount> {
+    let in_rootfs = |path: &str| -> Option<(PathBuf, std::fs::Metadata)> {
+        let inside = Path::new(path);
+        let overlaps = |m: &OciMount| inside.starts_with(m.destination()) || m.destination().starts_with(inside);
+        if !inside.is_absolute() || mounts.iter().any(overlaps) {
+            return None;
+        }
+        let mut host = rootfs.to_path_buf();
+        let mut meta = None;
+        for part in inside.components().skip(1) {
+            let std::path::Component::Normal(name) = part else { return None };
+            host.push(name);
+            let m = std::fs::symlink_metadata(&host).ok()?;
+            if m.file_type().is_symlink() {
+                return None;
+            }
+            meta = Some(m);
+        }
+        Some((host, meta?))
+    };
+    let mut out = Vec::new();
+    for path in masked {
+        match in_rootfs(path) {
+            Some((_, meta)) if meta.is_dir() => {
+                out.push(oci_mount(path, "tmpfs", Path::new("tmpfs"), &["ro", "nosuid", "nodev", "noexec"]))
+            }
+            Some(_) => out.push(oci_mount(path, "bind", Path::new("/dev/null"), &["rbind", "ro"])),
+            None => {}
+        }
+    }
+    for path in readonly {
+        if let Some((host, _)) = in_rootfs(path) {
+            out.push(oci_mount(path, "bind", &host, &["rbind", "rprivate", "ro"]));
+        }
+    }
+    out
 }
 
 /// A shared or slave mount needs the rootfs to propagate too.

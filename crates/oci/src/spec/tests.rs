@@ -165,6 +165,188 @@ fn capabilities_are_added_and_dropped_with_all_and_either_spelling() {
     assert!(matches!(container_spec_on(&bad, &host()), Err(SpecError::InvalidCapability { name }) if name == "FLY"));
 }
 
+/// What this VM's runsc (0.0~20221219) does not do: it knows no capability after CAP_AUDIT_READ,
+/// and ignores masked and read-only paths.
+fn gvisor_2022() -> RuntimeGaps {
+    RuntimeGaps {
+        unsupported_capabilities: vec![Capability::Perfmon, Capability::Bpf, Capability::CheckpointRestore],
+        ignores_masked_and_readonly_paths: true,
+    }
+}
+
+/// Every capability set the spec fills, each sorted.
+fn capability_sets(c: &ContainerSpec) -> Vec<Vec<String>> {
+    let s = json_of(c);
+    let caps = &s["process"]["capabilities"];
+    ["bounding", "effective", "permitted"].iter().map(|set| sorted(strings(&caps[*set]))).collect()
+}
+
+#[test]
+fn capabilities_the_runtime_does_not_support_are_left_out_of_all() {
+    let c = ContainerSpec { add_capabilities: vec!["ALL".into()], runtime_gaps: gvisor_2022(), ..base() };
+    for set in capability_sets(&c) {
+        assert_eq!(set.len(), 37, "41 capabilities minus CAP_SYS_RESOURCE (not held) minus the three unsupported");
+        assert!(set.contains(&"CAP_AUDIT_READ".into()) && set.contains(&"CAP_SYS_ADMIN".into()));
+        for cap in ["CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE"] {
+            assert!(!set.contains(&cap.into()), "{cap} in {set:?}");
+        }
+    }
+}
+
+#[test]
+fn a_capability_the_runtime_does_not_support_is_left_out_even_when_added_by_name() {
+    let c = ContainerSpec {
+        add_capabilities: vec!["BPF".into(), "CAP_PERFMON".into(), "NET_ADMIN".into()],
+        runtime_gaps: gvisor_2022(),
+        ..base()
+    };
+    for set in capability_sets(&c) {
+        assert!(set.contains(&"CAP_NET_ADMIN".into()));
+        assert!(!set.contains(&"CAP_BPF".into()) && !set.contains(&"CAP_PERFMON".into()), "{set:?}");
+    }
+    let without_the_limit = ContainerSpec { runtime_gaps: RuntimeGaps::default(), ..c };
+    assert!(capability_sets(&without_the_limit).iter().all(|set| set.contains(&"CAP_BPF".into())));
+}
+
+#[test]
+fn a_privileged_container_gets_no_capability_the_runtime_does_not_support() {
+    let c = ContainerSpec { privileged: true, runtime_gaps: gvisor_2022(), ..base() };
+    for set in capability_sets(&c) {
+        assert_eq!(set.len(), 37);
+        assert!(!set.contains(&"CAP_CHECKPOINT_RESTORE".into()), "{set:?}");
+    }
+}
+
+#[test]
+fn the_default_seccomp_profile_denies_what_a_capability_the_runtime_does_not_support_would_allow() {
+    let denied = |unsupported| {
+        let c = ContainerSpec {
+            add_capabilities: vec!["BPF".into()],
+            seccomp: SeccompProfile::RuntimeDefault,
+            runtime_gaps: unsupported,
+            ..base()
+        };
+        let s = json_of(&c);
+        let rules = s["linux"]["seccomp"]["syscalls"].as_array().unwrap().clone();
+        rules.iter().filter(|r| r["action"] == "SCMP_ACT_ERRNO").flat_map(|r| strings(&r["names"])).collect::<Vec<_>>()
+    };
+    assert!(!denied(RuntimeGaps::default()).contains(&"bpf".into()), "CAP_BPF allows bpf(2)");
+    assert!(denied(gvisor_2022()).contains(&"bpf".into()), "without CAP_BPF, bpf(2) is denied");
+}
+
+/// A rootfs with a file `/bin/ls`, directories `/tmp` and `/etc`, and `/link` → the host's `/etc`.
+fn small_rootfs() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["bin", "tmp", "etc"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    std::fs::write(dir.path().join("bin/ls"), "").unwrap();
+    std::os::unix::fs::symlink("/etc", dir.path().join("link")).unwrap();
+    dir
+}
+
+/// The spec's mounts after the standard ones, as (destination, type, source, options).
+fn extra_mounts(c: &ContainerSpec) -> Vec<(String, String, String, Vec<String>)> {
+    let standard = json_of(&ContainerSpec { runtime_gaps: RuntimeGaps::default(), ..c.clone() })["mounts"]
+        .as_array()
+        .unwrap()
+        .len();
+    let s = json_of(c);
+    s["mounts"].as_array().unwrap()[standard..]
+        .iter()
+        .map(|m| {
+            let text = |k: &str| m[k].as_str().unwrap().to_owned();
+            (text("destination"), text("type"), text("source"), strings(&m["options"]))
+        })
+        .collect()
+}
+
+#[test]
+fn masked_and_readonly_paths_become_mounts_for_a_runtime_that_ignores_them() {
+    let rootfs = small_rootfs();
+    let c = ContainerSpec {
+        rootfs: rootfs.path().to_path_buf(),
+        masked_paths: Some(vec!["/bin/ls".into(), "/etc".into(), "/proc/kcore".into(), "/nope".into()]),
+        readonly_paths: Some(vec!["/tmp".into(), "/sys/fs".into()]),
+        runtime_gaps: gvisor_2022(),
+        ..base()
+    };
+    let tmp = rootfs.path().join("tmp").to_string_lossy().into_owned();
+    assert_eq!(
+        extra_mounts(&c),
+        [
+            ("/bin/ls".into(), "bind".into(), "/dev/null".into(), vec!["rbind".into(), "ro".into()]),
+            (
+                "/etc".into(),
+                "tmpfs".into(),
+                "tmpfs".into(),
+                ["ro", "nosuid", "nodev", "noexec"].map(String::from).to_vec()
+            ),
+            ("/tmp".into(), "bind".into(), tmp, ["rbind", "rprivate", "ro"].map(String::from).to_vec()),
+        ],
+        "paths under /proc and /sys are the runtime's own, and a missing path is skipped"
+    );
+    let s = json_of(&c);
+    assert_eq!(strings(&s["linux"]["maskedPaths"]).len(), 4, "the spec's own fields are kept");
+}
+
+#[test]
+fn a_masked_or_readonly_path_through_a_symlink_or_dotdot_is_not_resolved_on_the_host() {
+    let rootfs = small_rootfs();
+    let c = ContainerSpec {
+        rootfs: rootfs.path().to_path_buf(),
+        masked_paths: Some(vec!["/link/passwd".into(), "/tmp/../etc".into()]),
+        readonly_paths: Some(vec!["/link".into(), "relative".into()]),
+        runtime_gaps: gvisor_2022(),
+        ..base()
+    };
+    assert_eq!(extra_mounts(&c), []);
+}
+
+#[test]
+fn a_path_inside_a_volume_or_a_sandbox_file_is_not_masked_through_the_rootfs() {
+    let rootfs = small_rootfs();
+    let c = ContainerSpec {
+        rootfs: rootfs.path().to_path_buf(),
+        mounts: vec![Mount { container_path: "/tmp".into(), host_path: "/srv/volume".into(), ..Default::default() }],
+        masked_paths: Some(vec!["/tmp".into()]),
+        readonly_paths: Some(vec!["/tmp".into()]),
+        runtime_gaps: gvisor_2022(),
+        ..base()
+    };
+    assert_eq!(extra_mounts(&c), []);
+}
+
+#[test]
+fn a_path_holding_a_sandbox_file_is_not_covered_by_a_mount_that_would_hide_it() {
+    let rootfs = small_rootfs();
+    let c = ContainerSpec {
+        rootfs: rootfs.path().to_path_buf(),
+        sandbox_files: SandboxFiles { hosts: Some("/run/berth/pod1/hosts".into()), ..Default::default() },
+        masked_paths: Some(vec!["/etc".into()]),
+        readonly_paths: Some(vec!["/etc".into(), "/tmp".into()]),
+        runtime_gaps: gvisor_2022(),
+        ..base()
+    };
+    let covered: Vec<String> = extra_mounts(&c).into_iter().map(|(destination, ..)| destination).collect();
+    assert_eq!(covered, ["/tmp"]);
+}
+
+#[test]
+fn a_runtime_that_applies_masked_and_readonly_paths_gets_no_mounts_for_them() {
+    let rootfs = small_rootfs();
+    let c = ContainerSpec {
+        rootfs: rootfs.path().to_path_buf(),
+        masked_paths: Some(vec!["/bin/ls".into()]),
+        readonly_paths: Some(vec!["/tmp".into()]),
+        ..base()
+    };
+    assert_eq!(extra_mounts(&c), []);
+    let s = json_of(&c);
+    assert_eq!(strings(&s["linux"]["maskedPaths"]), ["/bin/ls"]);
+    assert_eq!(strings(&s["linux"]["readonlyPaths"]), ["/tmp"]);
+}
+
 #[test]
 fn the_oom_score_is_never_set_below_the_current_process() {
     let mut c = base();

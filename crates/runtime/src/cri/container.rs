@@ -331,6 +331,7 @@ impl Cri {
                 })
                 .collect(),
             annotations,
+            runtime_gaps: handler.gaps.clone(),
         })
     }
 
@@ -780,7 +781,19 @@ impl Cri {
         let record = self.running(&req.container_id)?;
         let (process_file, pid_file) = self.exec_process_file(&record, &req.cmd, false, None)?;
         let runtime = self.handler(&record.handler)?;
-        let args = runtime.oci().exec_args(&record.id, &ExecOptions::new(&process_file).pid_file(&pid_file));
+        // In a sandbox the process's own pid is the sandbox's, in a file of its own.
+        let in_sandbox = runtime.isolation == Isolation::SandboxPerContainer;
+        let sandbox_pid_file = in_sandbox.then(|| pid_file.with_extension("sandbox-pid"));
+        let mut options = ExecOptions::new(&process_file).pid_file(&pid_file);
+        if let Some(file) = &sandbox_pid_file {
+            options = options.internal_pid_file(file);
+        }
+        let args = runtime.oci().exec_args(&record.id, &options);
+        let remove_files = || {
+            for file in [Some(&process_file), Some(&pid_file), sandbox_pid_file.as_ref()].into_iter().flatten() {
+                let _ = std::fs::remove_file(file);
+            }
+        };
         let mut command = tokio::process::Command::new(&args[0]);
         command
             .args(&args[1..])
@@ -798,22 +811,20 @@ impl Cri {
         let status = match status {
             Ok(status) => status.map_err(|e| Error::Host { what: "running the exec".into(), source: e })?,
             Err(_) => {
-                // Kill the process itself first: the OCI runtime then reaps it and exits; killing
-                // the runtime first would leave it to the container's init, which may never reap.
-                if let Some(pid) = std::fs::read_to_string(&pid_file).ok().and_then(|p| p.trim().parse::<i32>().ok()) {
-                    let _ = host::kill(pid, Signal::SIGKILL);
-                }
+                let read = |file: &Path| std::fs::read_to_string(file).ok();
+                let victim =
+                    timed_out_exec(runtime.isolation, read(&pid_file), sandbox_pid_file.as_deref().and_then(read));
+                kill_exec(&record.id, &runtime, victim).await;
+                // The runtime exits once its process is gone; dropping it kills it otherwise.
                 let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-                let _ = std::fs::remove_file(&process_file);
-                let _ = std::fs::remove_file(&pid_file);
+                remove_files();
                 return Err(Error::Timeout(format!(
                     "command {:?} in container {} timed out after {}s",
                     req.cmd, record.id, req.timeout
                 )));
             }
         };
-        let _ = std::fs::remove_file(&process_file);
-        let _ = std::fs::remove_file(&pid_file);
+        remove_files();
         let output = std::process::Output {
             status,
             stdout: out_task.await.unwrap_or_default(),
@@ -971,6 +982,52 @@ fn parse_signal(name: &str) -> Option<Signal> {
     full.parse().ok()
 }
 
+/// The process of an exec that ExecSync kills when it times out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ExecProcess {
+    /// runc, crun: the process on the host, killed by its pid. Killed before the OCI runtime's
+    /// exec, which then reaps it and exits; killing the runtime first would leave the process to
+    /// the container's init, which may never reap it.
+    Host(i32),
+    /// runsc: the process inside the sandbox, killed through `runsc kill --pid` with the pid the
+    /// sandbox gave it. The host pid runsc writes is its `runsc exec` client's, and killing that
+    /// leaves the process running in the sandbox.
+    InSandbox(u32),
+    /// Its pid is not written yet: there is only the OCI runtime's exec to kill.
+    NotStarted,
+}
+
+/// Kills the process of a timed-out exec where it runs (see [`ExecProcess`]).
+async fn kill_exec(id: &str, runtime: &RuntimeHandler, victim: ExecProcess) {
+    match victim {
+        ExecProcess::Host(pid) => {
+            let _ = host::kill(pid, Signal::SIGKILL);
+        }
+        ExecProcess::InSandbox(pid) => {
+            let oci = runtime.oci().clone();
+            let container = id.to_owned();
+            let killed = tokio::task::spawn_blocking(move || oci.kill_process(&container, pid, Signal::SIGKILL)).await;
+            if let Ok(Err(e)) = killed {
+                tracing::warn!(container = %id, pid, error = %e, "killing a timed-out exec in the sandbox failed");
+            }
+        }
+        ExecProcess::NotStarted => {}
+    }
+}
+
+/// Which process a timed-out exec is, from the texts of the pid files the runtime wrote: the host
+/// pid file and, in a sandbox, the sandbox's one.
+fn timed_out_exec(isolation: Isolation, host_pid: Option<String>, sandbox_pid: Option<String>) -> ExecProcess {
+    let parse = |text: Option<String>| text.and_then(|t| t.trim().parse::<i64>().ok()).filter(|pid| *pid > 0);
+    let found = match isolation {
+        Isolation::SharedPodNamespaces => parse(host_pid).and_then(|p| i32::try_from(p).ok()).map(ExecProcess::Host),
+        Isolation::SandboxPerContainer => {
+            parse(sandbox_pid).and_then(|p| u32::try_from(p).ok()).map(ExecProcess::InSandbox)
+        }
+    };
+    found.unwrap_or(ExecProcess::NotStarted)
+}
+
 /// The OCI process of an exec of `cmd`, from the container's own `process`. With a terminal,
 /// `console_size` is the size the OCI runtime gives it before the command runs (runc copies the
 /// size of our side only after the start, so a command asking at once would see 0×0).
@@ -1024,6 +1081,29 @@ mod tests {
             json!({"memory": {"limit": 4096, "swap": 8192}, "pids": {"limit": 5}, "cpu": {"shares": 256}})
         );
         assert_eq!(spec["process"]["args"], json!(["sh"]), "the rest of the spec is kept");
+    }
+
+    #[test]
+    fn a_timed_out_exec_under_runc_is_killed_by_its_host_pid() {
+        let text = |s: &str| Some(s.to_string());
+        assert_eq!(timed_out_exec(Isolation::SharedPodNamespaces, text("4242\n"), None), ExecProcess::Host(4242));
+        assert_eq!(timed_out_exec(Isolation::SharedPodNamespaces, text("4242"), text("2")), ExecProcess::Host(4242));
+    }
+
+    #[test]
+    fn a_timed_out_exec_under_runsc_is_killed_by_its_pid_in_the_sandbox_not_by_the_clients() {
+        let text = |s: &str| Some(s.to_string());
+        let victim = timed_out_exec(Isolation::SandboxPerContainer, text("12294"), text("2"));
+        assert_eq!(victim, ExecProcess::InSandbox(2));
+        assert_eq!(timed_out_exec(Isolation::SandboxPerContainer, text("12294"), None), ExecProcess::NotStarted);
+    }
+
+    #[test]
+    fn an_exec_whose_pid_is_missing_or_not_a_pid_leaves_only_the_runtime_to_kill() {
+        for bad in [None, Some(String::new()), Some("0".into()), Some("-1".into()), Some("x".into())] {
+            assert_eq!(timed_out_exec(Isolation::SharedPodNamespaces, bad.clone(), None), ExecProcess::NotStarted);
+            assert_eq!(timed_out_exec(Isolation::SandboxPerContainer, None, bad), ExecProcess::NotStarted);
+        }
     }
 
     #[test]

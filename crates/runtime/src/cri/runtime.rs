@@ -99,6 +99,7 @@ impl Cri {
                     "args": h.args,
                     "root": h.root,
                     "isolation": h.isolation,
+                    "unsupportedCapabilities": h.gaps.unsupported_capabilities,
                     "platform": h.platform,
                     "allowedAnnotations": h.allowed_annotations,
                     "privileged": h.privileged,
