@@ -24,6 +24,7 @@ mod resources;
 mod spec;
 mod status;
 mod status_writer;
+mod tokens;
 mod volumes;
 mod wake;
 mod worker;

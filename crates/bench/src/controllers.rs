@@ -166,6 +166,7 @@ async fn measure(args: &ControllersArgs, binary: &Path, root: &Path) -> anyhow::
             .create(&PostParams::default(), &obj)
             .await
             .with_context(|| format!("creating namespace {ns}"))?;
+        cluster::wait_for_service_account(&admin, ns).await?;
     }
     for class in objects::runtime_classes() {
         Api::<RuntimeClass>::all(admin.clone()).create(&PostParams::default(), &class).await?;

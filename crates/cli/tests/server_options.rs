@@ -48,13 +48,8 @@ fn tokens_from_the_token_file_authenticate_and_others_are_refused() {
 }
 
 #[test]
-fn the_service_account_admission_plugin_and_issuer_follow_the_flags() {
-    let s = Server::start_with(&[
-        "--enable-admission-plugins",
-        "ServiceAccount",
-        "--service-account-issuer",
-        "https://issuer.example",
-    ]);
+fn the_service_account_admission_plugin_is_on_unless_disabled_and_the_issuer_follows_the_flag() {
+    let s = Server::start_with(&["--service-account-issuer", "https://issuer.example"]);
     let missing = r#"{"spec": {"serviceAccountName": "nobody"}}"#;
     let out = s.kubectl(&["run", "early", "--image=busybox", "--overrides", missing]);
     assert!(!out.status.success(), "a pod naming a missing ServiceAccount is refused");
@@ -71,4 +66,9 @@ fn the_service_account_admission_plugin_and_issuer_follow_the_flags() {
     let token = s.kubectl_ok(&["create", "token", "default"]);
     let token = token.trim();
     assert!(s.kubectl(&["--token", token, "get", "pods"]).status.success(), "the issuer is also the API's audience");
+
+    let off = Server::start_with(&["--controllers=-*", "--disable-admission-plugins", "ServiceAccount"]);
+    off.kubectl_ok(&["run", "early", "--image=busybox", "--overrides", missing]);
+    let volumes = off.kubectl_ok(&["get", "pod", "early", "-o", "jsonpath={.spec.volumes}"]);
+    assert_eq!(volumes, "", "nothing is mounted with the plugin off");
 }

@@ -10,6 +10,7 @@ use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
 
 use super::resources;
+use super::tokens::TokenKey;
 
 /// Why a container cannot be configured: its waiting reason is `CreateContainerConfigError`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -30,11 +31,13 @@ pub enum ConfigError {
     NoSuchContainer(String),
 }
 
-/// The ConfigMaps and Secrets a pod refers to, fetched from the API (`None`: it does not exist).
+/// The ConfigMaps and Secrets a pod refers to, fetched from the API (`None`: it does not exist),
+/// and the service account tokens its projected volumes need (`Err`: why there is none).
 #[derive(Clone, Debug, Default)]
 pub struct Sources {
     pub config_maps: HashMap<String, Option<BTreeMap<String, Vec<u8>>>>,
     pub secrets: HashMap<String, Option<BTreeMap<String, Vec<u8>>>>,
+    pub tokens: HashMap<TokenKey, Result<String, String>>,
 }
 
 impl Sources {
@@ -355,6 +358,7 @@ mod tests {
                 ("gone".into(), None),
             ]),
             secrets: HashMap::from([("creds".into(), data(&[("password", "hunter2")]))]),
+            ..Default::default()
         }
     }
 

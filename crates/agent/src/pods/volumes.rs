@@ -1,5 +1,6 @@
 //! A pod's volumes on the node: `emptyDir` (disk or tmpfs), `hostPath` (with its type checks),
-//! and `configMap`, `secret`, `downwardAPI` and `projected` written as files in kubelet's atomic
+//! and `configMap`, `secret`, `downwardAPI` and `projected` (service account tokens included,
+//! fetched beforehand into [`Sources`]) written as files in kubelet's atomic
 //! layout (`..data` → a timestamped directory, one symlink per top-level entry); the mounts each
 //! container gets (`subPath`, `subPathExpr`, read-only, propagation); cleanup when the pod goes.
 //!
@@ -14,6 +15,7 @@ use k8s_openapi::api::core::v1 as core;
 
 use super::env::{self, PodContext, Sources};
 use super::mount::Mounter;
+use super::tokens::TokenKey;
 
 /// Why a volume could not be set up; the pod's event reason is `FailedMount`.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,9 @@ pub enum VolumeError {
     SecretKeyNotFound(String),
     #[error("hostPath type check failed: {path} is not a {expected}")]
     HostPathType { path: String, expected: &'static str },
+    /// kubelet's wording, with the TokenRequest's failure as it reads.
+    #[error("failed to fetch token: {0}")]
+    Token(String),
     #[error("volume type {0} is not supported by berth's agent")]
     Unsupported(&'static str),
     #[error("invalid path {0:?}: must be relative and must not contain '..'")]
@@ -107,7 +112,8 @@ pub fn referenced(spec: &core::PodSpec) -> (Vec<String>, Vec<String>) {
     (cms, secrets)
 }
 
-/// Kubernetes' automatic service account volume (`kube-api-access-<suffix>`).
+/// Kubernetes' automatic service account volume (`kube-api-access-<suffix>`): its CA ConfigMap
+/// is taken as optional, so a cluster without the root-ca-cert-publisher still starts pods.
 fn is_service_account_volume(v: &core::Volume) -> bool {
     v.name.starts_with("kube-api-access-")
 }
@@ -217,6 +223,13 @@ fn downward_files(
     Ok(())
 }
 
+/// A projected token's mode, as kubelet's: the volume's `defaultMode`, but with an `fsGroup`
+/// 0600, which kubelet's volume ownership pass then opens to the group (0640).
+fn token_mode(pod: &core::Pod, default_mode: Option<i32>) -> u32 {
+    let fs_group = pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.fs_group);
+    if fs_group.is_some() { 0o640 } else { mode(None, default_mode) }
+}
+
 /// The files of a configMap, secret, downwardAPI or projected volume; `None` for other types.
 pub fn payload(
     pod: &core::Pod,
@@ -245,13 +258,14 @@ pub fn payload(
                 secret_files(sources, &s.name, s.items.as_ref(), p.default_mode, optional, &mut out)?;
             } else if let Some(d) = &source.downward_api {
                 downward_files(pod, ctx, d.items.as_ref(), p.default_mode, &mut out)?;
-            } else if source.service_account_token.is_some() {
-                if !lenient {
-                    return Err(VolumeError::Unsupported("projected serviceAccountToken"));
-                }
-                // The automatic API access volume: no token issuer yet, so the token is left out
-                // rather than failing every pod of a cluster that adds the volume.
-                tracing::debug!(volume = %v.name, "service account token projection skipped");
+            } else if let Some(t) = &source.service_account_token {
+                check_relative(&t.path)?;
+                let token = match sources.tokens.get(&TokenKey::of(t)) {
+                    Some(Ok(token)) => token.clone(),
+                    Some(Err(why)) => return Err(VolumeError::Token(why.clone())),
+                    None => return Err(VolumeError::Token("no token was requested".into())),
+                };
+                out.insert(t.path.clone(), File { data: token.into_bytes(), mode: token_mode(pod, p.default_mode) });
             } else if source.cluster_trust_bundle.is_some() {
                 return Err(VolumeError::Unsupported("projected clusterTrustBundle"));
             }
@@ -557,6 +571,7 @@ mod tests {
         Sources {
             config_maps: HashMap::from([("settings".into(), data(&[("a.conf", "A"), ("b.conf", "B")]))]),
             secrets: HashMap::from([("creds".into(), data(&[("password", "hunter2")]))]),
+            ..Default::default()
         }
     }
 
@@ -694,7 +709,7 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_volume_types_and_service_account_tokens_are_named() {
+    fn unsupported_volume_types_are_named() {
         let root = tempfile::tempdir().unwrap();
         let mut pvc = volume("data");
         pvc.persistent_volume_claim =
@@ -706,28 +721,101 @@ mod tests {
             (name.as_str(), err.to_string().as_str()),
             ("data", "volume type persistentVolumeClaim is not supported by berth's agent")
         );
+    }
+
+    fn api_access_volume(name: &str, default_mode: Option<i32>) -> core::Volume {
         let token = core::VolumeProjection {
             service_account_token: Some(core::ServiceAccountTokenProjection {
                 path: "token".into(),
-                ..Default::default()
+                expiration_seconds: Some(3607),
+                audience: None,
             }),
             ..Default::default()
         };
         let root_ca = core::VolumeProjection {
-            config_map: Some(core::ConfigMapProjection { name: "kube-root-ca.crt".into(), ..Default::default() }),
+            config_map: Some(core::ConfigMapProjection {
+                name: "kube-root-ca.crt".into(),
+                items: Some(vec![core::KeyToPath { key: "ca.crt".into(), path: "ca.crt".into(), mode: None }]),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let mut mine = volume("token");
-        mine.projected = Some(core::ProjectedVolumeSource { sources: Some(vec![token.clone()]), default_mode: None });
+        let namespace = core::VolumeProjection {
+            downward_api: Some(core::DownwardAPIProjection {
+                items: Some(vec![core::DownwardAPIVolumeFile {
+                    path: "namespace".into(),
+                    field_ref: Some(core::ObjectFieldSelector {
+                        field_path: "metadata.namespace".into(),
+                        api_version: None,
+                    }),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        };
+        let mut v = volume(name);
+        v.projected =
+            Some(core::ProjectedVolumeSource { sources: Some(vec![token, root_ca, namespace]), default_mode });
+        v
+    }
+
+    fn with_token(mut sources: Sources, token: Result<&str, &str>) -> Sources {
+        let key = TokenKey { audience: String::new(), expiration_seconds: 3607 };
+        sources.tokens.insert(key, token.map(String::from).map_err(String::from));
+        sources
+    }
+
+    #[test]
+    fn the_api_access_volume_holds_the_token_the_ca_and_the_namespace_in_the_atomic_layout() {
+        let root = tempfile::tempdir().unwrap();
+        let mut sources = with_token(sources(), Ok("jwt-1"));
+        sources
+            .config_maps
+            .insert("kube-root-ca.crt".into(), Some(BTreeMap::from([("ca.crt".into(), b"CA".to_vec())])));
+        let p = pod(vec![api_access_volume("kube-api-access-x7k2p", Some(0o644))], vec![]);
+        let mounter = RecordingMounter::default();
+        let prepared = prepare(root.path(), &p, &sources, &PodContext::default(), &mounter).unwrap();
+        let dir = root.path().join("pods/u-1/volumes/kubernetes.io~projected/kube-api-access-x7k2p");
         assert_eq!(
-            payload(&pod(vec![], vec![]), &mine, &sources(), &PodContext::default()).unwrap_err().to_string(),
-            "volume type projected serviceAccountToken is not supported by berth's agent"
+            prepared["kube-api-access-x7k2p"],
+            Prepared { host_path: dir.clone(), read_only: true, atomic: true }
         );
-        let mut automatic = volume("kube-api-access-x7k2p");
-        automatic.projected =
-            Some(core::ProjectedVolumeSource { sources: Some(vec![token, root_ca]), default_mode: None });
-        let files = payload(&pod(vec![], vec![]), &automatic, &sources(), &PodContext::default()).unwrap().unwrap();
-        assert!(files.is_empty(), "the token is skipped and the missing root CA tolerated");
+        assert_eq!(*mounter.mounted.lock().unwrap(), vec![(dir.clone(), None)], "a token lives in memory");
+        for (file, content) in [("token", "jwt-1"), ("ca.crt", "CA"), ("namespace", "default")] {
+            assert_eq!(std::fs::read_link(dir.join(file)).unwrap(), Path::new("..data").join(file));
+            assert_eq!(std::fs::read_to_string(dir.join(file)).unwrap(), content);
+            let mode = std::fs::metadata(dir.join(file)).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o644, "{file} has the volume's defaultMode");
+        }
+        // A refreshed token switches ..data to a new directory in one rename.
+        let before = std::fs::read_link(dir.join("..data")).unwrap();
+        prepare(root.path(), &p, &with_token(sources, Ok("jwt-2")), &PodContext::default(), &mounter).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.join("token")).unwrap(), "jwt-2");
+        assert_ne!(std::fs::read_link(dir.join("..data")).unwrap(), before);
+        assert!(!dir.join(&before).exists());
+    }
+
+    #[test]
+    fn a_token_is_private_to_the_fs_group_and_a_missing_one_fails_the_mount_as_kubelets() {
+        let mut p = pod(vec![], vec![]);
+        p.spec.as_mut().unwrap().security_context =
+            Some(core::PodSecurityContext { fs_group: Some(2000), ..Default::default() });
+        let v = api_access_volume("kube-api-access-x7k2p", None);
+        let files = payload(&p, &v, &with_token(sources(), Ok("jwt")), &PodContext::default()).unwrap().unwrap();
+        assert_eq!(files["token"].mode, 0o640);
+        assert_eq!(files["namespace"].mode, 0o644);
+        assert!(!files.contains_key("ca.crt"), "the CA ConfigMap of the automatic volume may be missing");
+        let failed = with_token(sources(), Err("serviceaccounts \"robot\" not found"));
+        assert_eq!(
+            payload(&p, &v, &failed, &PodContext::default()).unwrap_err().to_string(),
+            "failed to fetch token: serviceaccounts \"robot\" not found"
+        );
+        let mut mine = api_access_volume("mine", Some(0o600));
+        if let Some(t) = mine.projected.as_mut().and_then(|p| p.sources.as_mut()).and_then(|s| s.get_mut(0)) {
+            t.service_account_token.as_mut().unwrap().path = "../escape".into();
+        }
+        let err = payload(&pod(vec![], vec![]), &mine, &with_token(sources(), Ok("jwt")), &PodContext::default());
+        assert!(matches!(err, Err(VolumeError::InvalidPath(_))));
     }
 
     #[test]

@@ -51,6 +51,7 @@ use super::probe::{self, Prober, Sink};
 use super::spec;
 use super::status::{self, ContainerView, Instance, InstanceState, Observed, Waiting};
 use super::status_writer::StatusWriter;
+use super::tokens::{self, Token, TokenKey};
 use super::volumes::{self, Prepared};
 use super::wake::{Expected, Wake};
 use crate::endpoint::Endpoint;
@@ -211,6 +212,8 @@ pub struct Worker {
     exited: HashMap<String, Instance>,
     probes: HashMap<String, ProbeTask>,
     volumes: Option<(HashMap<String, Prepared>, tokio::time::Instant)>,
+    /// The service account tokens of the pod's projected volumes, kept until due for refresh.
+    tokens: HashMap<TokenKey, Token>,
     /// The last RuntimeHandlerNotFound message reported, so it is reported once.
     reported_select: Option<String>,
     select_retry: Duration,
@@ -262,6 +265,7 @@ impl Worker {
             exited: HashMap::new(),
             probes: HashMap::new(),
             volumes: None,
+            tokens: HashMap::new(),
             reported_select: None,
             select_retry: Duration::from_secs(1),
             reported_unlisted: false,
@@ -741,15 +745,66 @@ impl Worker {
         Ok(sources)
     }
 
+    /// Whether a token held is due for refresh.
+    fn token_due(&self) -> bool {
+        let (now, jitter) = (Timestamp::now(), tokens::jitter(&self.uid));
+        self.tokens.values().any(|t| t.needs_refresh(now, jitter))
+    }
+
+    /// The tokens of the pod's projected volumes: those held while not due, else new ones from
+    /// TokenRequest (as the node; bound to the pod). A token that cannot be renewed is used until
+    /// it expires, as kubelet's token manager does.
+    async fn fetch_tokens(&mut self) -> HashMap<TokenKey, Result<String, String>> {
+        let keys = tokens::referenced(self.spec());
+        self.tokens.retain(|k, _| keys.contains(k));
+        let (_, ns) = self.names();
+        let sa = tokens::service_account(&self.pod);
+        let api: Api<core::ServiceAccount> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let (now, jitter) = (Timestamp::now(), tokens::jitter(&self.uid));
+        let mut out = HashMap::new();
+        for key in keys {
+            if let Some(held) = self.tokens.get(&key).filter(|t| !t.needs_refresh(now, jitter)) {
+                out.insert(key, Ok(held.token.clone()));
+                continue;
+            }
+            let asked = api.create_token_request(&sa, &Default::default(), &tokens::request(&self.pod, &key)).await;
+            let fetched = match asked {
+                Ok(tr) => {
+                    Token::from_response(&tr, &key).ok_or_else(|| "the TokenRequest returned no token".to_string())
+                }
+                Err(kube::Error::Api(status)) => Err(status.message.clone()),
+                Err(e) => Err(crate::agent::error_chain(&e)),
+            };
+            let result = match fetched {
+                Ok(token) => {
+                    tracing::debug!(pod = %self.pod_ref(), service_account = %sa, audience = %key.audience, expires = %token.expires_at, "service account token issued");
+                    let value = token.token.clone();
+                    self.tokens.insert(key.clone(), token);
+                    Ok(value)
+                }
+                Err(why) => match self.tokens.get(&key).filter(|t| !t.is_expired(now)) {
+                    Some(held) => {
+                        tracing::warn!(pod = %self.pod_ref(), service_account = %sa, error = %why, "service account token refresh failed; the current one is kept until it expires");
+                        Ok(held.token.clone())
+                    }
+                    None => Err(why),
+                },
+            };
+            out.insert(key, result);
+        }
+        out
+    }
+
     /// Sets up (or refreshes) the volumes; `Some(next)` when they are not ready.
     async fn ensure_volumes(&mut self, rt: &PodRuntime) -> Result<Option<Next>, WorkerError> {
         if self.spec().volumes.as_ref().is_none_or(|v| v.is_empty()) {
             return Ok(None);
         }
-        if self.volumes.as_ref().is_some_and(|(_, at)| at.elapsed() < VOLUME_REFRESH) {
+        if self.volumes.as_ref().is_some_and(|(_, at)| at.elapsed() < VOLUME_REFRESH) && !self.token_due() {
             return Ok(None);
         }
-        let sources = self.fetch_sources().await?;
+        let mut sources = self.fetch_sources().await?;
+        sources.tokens = self.fetch_tokens().await;
         let ctx = self.pod_context(Some(rt));
         let (root, pod, mounter) = (self.ctx.root_dir.clone(), self.pod.clone(), self.ctx.mounter.clone());
         let result =

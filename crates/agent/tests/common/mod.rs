@@ -197,11 +197,17 @@ impl Server {
         Process::spawn("berth server", command, dir.path().join("server.log"))
     }
 
+    /// Ready, and (when its controllers run) with the `default` ServiceAccount the
+    /// ServiceAccount admission plugin wants for every pod of the `default` namespace.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
+        let controllers = !self.extra.iter().any(|a| a.starts_with("--controllers"));
+        let mut ready = false;
         loop {
             self.process.check_alive();
-            if self.kubeconfig().exists() && self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+            ready =
+                ready || (self.kubeconfig().exists() && self.kubectl(&["get", "--raw", "/readyz"]).status.success());
+            if ready && (!controllers || self.kubectl(&["get", "serviceaccount", "default"]).status.success()) {
                 return;
             }
             assert!(Instant::now() < deadline, "berth server not ready:\n{}", self.process.log());

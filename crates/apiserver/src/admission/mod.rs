@@ -3,14 +3,15 @@
 //! kind's own validation, then validating plugins, as kube-apiserver runs its chain.
 //!
 //! The plugins berth has, in kube-apiserver's order (`AllOrderedPlugins` in
-//! `pkg/kubeapiserver/options/plugins.go`). Three are on by default there; NodeRestriction is
+//! `pkg/kubeapiserver/options/plugins.go`). Four are on by default there; NodeRestriction is
 //! the one clusters turn on themselves (`--enable-admission-plugins=NodeRestriction`, as kubeadm
-//! does), and berth always runs it:
+//! does), and berth always runs it. ServiceAccount is the one `--disable-admission-plugins` may
+//! turn off:
 //!
 //! | plugin                     | phase                | operations             | does                                                        |
 //! |----------------------------|----------------------|------------------------|-------------------------------------------------------------|
 //! | `NamespaceLifecycle`       | mutating             | create, delete         | no content in missing or terminating namespaces; `default`, `kube-system`, `kube-public` are not deleted |
-//! | `ServiceAccount`           | mutating             | create (pods)          | the pod's ServiceAccount must exist; its token volume is mounted (off unless enabled) |
+//! | `ServiceAccount`           | mutating             | create (pods)          | the pod's ServiceAccount must exist; its token volume is mounted (on in `berth server`) |
 //! | `NodeRestriction`          | mutating             | create, update, delete | what a node's own user may write                            |
 //! | `DefaultTolerationSeconds` | mutating             | create, update (pods)  | `not-ready`/`unreachable` NoExecute tolerations for 300 s   |
 //! | `RuntimeClass`             | mutating, validating | create (pods)          | berth's default class; the class's overhead and scheduling; overhead checked |
@@ -115,16 +116,26 @@ impl Plugin {
 }
 
 /// The chain's settings: kube-apiserver's admission flags.
+///
+/// `Default` leaves the ServiceAccount plugin off: it is the chain of in-process API servers
+/// that run no serviceaccount controller (tests), where no namespace gets its `default`
+/// ServiceAccount and every pod would be refused. `berth server` starts from
+/// [`Admission::server_defaults`], kube-apiserver's, with the plugin on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Admission {
     /// `--default-not-ready-toleration-seconds`, `--default-unreachable-toleration-seconds`.
     pub default_toleration_seconds: DefaultTolerationSeconds,
-    /// The ServiceAccount plugin runs (`--enable-admission-plugins=ServiceAccount`). Off by
-    /// default until every namespace gets its `default` ServiceAccount.
+    /// The ServiceAccount plugin runs (`--disable-admission-plugins=ServiceAccount` turns it
+    /// off in `berth server`).
     pub service_account: bool,
 }
 
 impl Admission {
+    /// kube-apiserver's default chain, as `berth server` runs it: ServiceAccount on.
+    pub fn server_defaults(default_toleration_seconds: DefaultTolerationSeconds) -> Admission {
+        Admission { default_toleration_seconds, service_account: true }
+    }
+
     /// Whether `plugin` runs with these settings.
     pub fn enabled(&self, plugin: Plugin) -> bool {
         plugin != Plugin::ServiceAccount || self.service_account
@@ -274,7 +285,11 @@ mod tests {
     }
 
     #[test]
-    fn the_service_account_plugin_is_off_unless_enabled_by_name() {
+    fn the_service_account_plugin_is_on_in_servers_and_turned_on_or_off_by_name() {
+        let mut server = Admission::server_defaults(DefaultTolerationSeconds::default());
+        assert!(server.enabled(Plugin::ServiceAccount));
+        server.set_plugins(&[], &["ServiceAccount".into()]).unwrap();
+        assert!(!server.enabled(Plugin::ServiceAccount), "--disable-admission-plugins=ServiceAccount");
         let mut a = Admission::default();
         assert!(!a.enabled(Plugin::ServiceAccount) && a.enabled(Plugin::NodeRestriction));
         a.set_plugins(&["ServiceAccount".into()], &[]).unwrap();

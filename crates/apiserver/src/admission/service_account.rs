@@ -6,7 +6,9 @@
 //! has nothing mounted there. A pod without image pull secrets gets its ServiceAccount's.
 //! Mirror pods (static pods' API copies) are left alone, as kube-apiserver's plugin does.
 //!
-//! Off unless enabled (`--enable-admission-plugins=ServiceAccount`).
+//! On in `berth server`, as in kube-apiserver; `--disable-admission-plugins=ServiceAccount` turns
+//! it off. A pod refused for want of its ServiceAccount (a namespace the serviceaccount
+//! controller has not reached yet) is for the client to create again, as upstream.
 
 use berth_api::resources::{PODS, SERVICEACCOUNTS};
 use serde_json::{Value, json};

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -160,13 +160,29 @@ pub async fn wait_node_ready(client: &kube::Client, node: &str, agent: &Daemon) 
     }
 }
 
-/// The namespace of the bench's pods and one RuntimeClass per handler, named like it.
+/// Waits for the `default` ServiceAccount the serviceaccount controller gives a new namespace:
+/// the ServiceAccount admission plugin refuses pods until it exists.
+pub async fn wait_for_service_account(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
+    let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + START_PATIENCE;
+    while api.get_opt("default").await?.is_none() {
+        if Instant::now() > deadline {
+            bail!("no default ServiceAccount in namespace {namespace} after {START_PATIENCE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// The namespace of the bench's pods (with its default ServiceAccount) and one RuntimeClass per
+/// handler, named like it.
 pub async fn create_objects(client: &kube::Client, namespace: &str, handlers: &[String]) -> anyhow::Result<()> {
     let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
         .context("creating the namespace")?;
+    wait_for_service_account(client, namespace).await?;
     let classes: Api<RuntimeClass> = Api::all(client.clone());
     for handler in handlers {
         let rc: RuntimeClass =

@@ -261,6 +261,10 @@ impl Cluster {
             // them, no garbage collector to remove pods whose ReplicaSet does not exist.
             extra.push("--controllers=-*");
         }
+        if server_has_flag(binary, "--disable-admission-plugins")? {
+            // No serviceaccount controller either: pods need no ServiceAccount.
+            extra.push("--disable-admission-plugins=ServiceAccount");
+        }
         let (server, admin, data_dir) = cluster::start_server_with(binary, dir, &extra).await?;
         let kubeconfig = data_dir.join("admin.kubeconfig");
         let mut clients = Vec::new();
@@ -590,8 +594,13 @@ impl Drop for Cluster {
 
 /// Whether this `berth server` runs controllers in process (it has `--controllers`).
 pub(crate) fn runs_controllers(binary: &Path) -> anyhow::Result<bool> {
+    server_has_flag(binary, "--controllers")
+}
+
+/// Whether this `berth server` takes `flag`.
+fn server_has_flag(binary: &Path, flag: &str) -> anyhow::Result<bool> {
     let help = std::process::Command::new(binary).args(["server", "--help"]).output().context("berth server --help")?;
-    Ok(String::from_utf8_lossy(&help.stdout).contains("--controllers"))
+    Ok(String::from_utf8_lossy(&help.stdout).contains(flag))
 }
 
 /// Puts node `i`'s status on `created` through the status subresource.

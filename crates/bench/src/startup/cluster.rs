@@ -99,7 +99,7 @@ impl UpCluster {
             .create(&PostParams::default(), &ns)
             .await
             .context("creating the namespace")?;
-        Ok(())
+        crate::agent::cluster::wait_for_service_account(&self.admin(), name).await
     }
 
     /// `D/up.json`: the supervisor and its parts as it last wrote them.

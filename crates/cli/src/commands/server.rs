@@ -125,13 +125,10 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
         token_auth_file: args.token_auth_file,
         extra_sans: args.tls_san,
         compaction_interval: Duration::from_secs(args.compaction_interval_seconds.max(1)),
-        admission: Admission {
-            default_toleration_seconds: DefaultTolerationSeconds {
-                not_ready: args.default_not_ready_toleration_seconds,
-                unreachable: args.default_unreachable_toleration_seconds,
-            },
-            ..Default::default()
-        },
+        admission: Admission::server_defaults(DefaultTolerationSeconds {
+            not_ready: args.default_not_ready_toleration_seconds,
+            unreachable: args.default_unreachable_toleration_seconds,
+        }),
         service_network: ServiceNetwork {
             cluster_ip_range: args.service_cluster_ip_range,
             node_port_range: args.service_node_port_range,

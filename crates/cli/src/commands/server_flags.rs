@@ -36,10 +36,10 @@ impl ServiceAccountArgs {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct AdmissionPluginArgs {
-    /// Admission plugins to turn on besides the default ones (ServiceAccount is off by default).
+    /// Admission plugins to turn on besides the default ones (all of berth's are on by default).
     #[arg(long, value_delimiter = ',')]
     enable_admission_plugins: Vec<String>,
-    /// Admission plugins to turn off.
+    /// Admission plugins to turn off (ServiceAccount is the one that can be).
     #[arg(long, value_delimiter = ',')]
     disable_admission_plugins: Vec<String>,
 }

@@ -64,17 +64,20 @@ impl Server {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
+    /// Ready, and (when its controllers run) with the `default` ServiceAccount the
+    /// ServiceAccount admission plugin wants for every pod of the `default` namespace.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
+        let controllers = !self.extra.iter().any(|a| a.starts_with("--controllers"));
+        let mut ready = false;
         while Instant::now() < deadline {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("berth server exited with {status}:\n{}", self.log());
             }
-            if self.kubeconfig().exists() {
-                let out = self.kubectl(&["get", "--raw", "/readyz"]);
-                if out.status.success() {
-                    return;
-                }
+            ready =
+                ready || (self.kubeconfig().exists() && self.kubectl(&["get", "--raw", "/readyz"]).status.success());
+            if ready && (!controllers || self.kubectl(&["get", "serviceaccount", "default"]).status.success()) {
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
