@@ -29,6 +29,8 @@ mod volumes;
 mod wake;
 mod worker;
 
+pub use mount::unmount_all_under;
+
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;

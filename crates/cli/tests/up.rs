@@ -423,6 +423,11 @@ fn berth_up_runs_the_tour_and_after_down_and_up_every_container_is_the_same_one(
     assert_eq!(left, Vec::<u32>::new(), "no container monitor left");
     assert!(!cluster.has_sandboxes(), "no sandbox left in the runtime");
     assert!(!Path::new("/sys/class/net").join(&cluster.network.bridge).exists(), "the bridge is gone");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let data_dir = cluster.data_dir().to_string_lossy().into_owned();
+    let left: Vec<&str> =
+        mounts.lines().filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(&data_dir))).collect();
+    assert_eq!(left, Vec::<&str>::new(), "no volume of the pods (service account tokens) left mounted");
 }
 
 #[test]

@@ -598,6 +598,15 @@ pub struct Agent {
     starts: u32,
 }
 
+/// A stopped agent leaves its pods' memory-backed volumes mounted (the pods are removed through
+/// CRI at the end of a test, not by the agent): unmounted here so the test leaves no mount behind.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = berth_agent::pods::unmount_all_under(self.dir.path());
+    }
+}
+
 impl Agent {
     pub fn start(server: &Server, node_name: &str, config: &str) -> Agent {
         Agent::start_with(server, node_name, config, &[])

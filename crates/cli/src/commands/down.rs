@@ -8,8 +8,9 @@
 //!
 //! `--stop-pods` on a cluster that is already down (containers kept running by an earlier
 //! `berth down`) starts the data dir's runtime alone for as long as it takes to stop and remove
-//! every pod. With `--stop-pods`, the bridge of the pod network `berth up` wrote goes too, once
-//! no pod is left on it.
+//! every pod. With `--stop-pods`, the pods' volumes left mounted under the agent's dir are
+//! unmounted and the bridge of the pod network `berth up` wrote goes too, once no pod is left on
+//! it.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             && let Some(state) = State::read(&layout)
         {
             let removed = stop_pods_while_down(&layout, &state.runtime_socket, args.timeout).await?;
+            unmount_pod_volumes(&layout);
             remove_bridge(&layout);
             println!("berth was down; its runtime stopped and removed {removed} pod(s)");
         } else {
@@ -71,6 +73,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(layout.pidfile());
     if args.stop_pods {
+        unmount_pod_volumes(&layout);
         remove_bridge(&layout);
         println!("berth is down; every pod was stopped and removed");
     } else {
@@ -111,6 +114,14 @@ async fn stop_pods_while_down(layout: &Layout, socket: &Path, timeout: u64) -> a
 }
 
 /// Deletes the bridge of the pod network `berth up` wrote (`D/runtime/cni/net.d`), if it exists.
+/// The agent unmounts a pod's memory-backed volumes when it removes the pod itself; pods removed
+/// through CRI while it is stopped leave theirs mounted under its root dir.
+fn unmount_pod_volumes(layout: &Layout) {
+    if let Err(e) = berth_agent::pods::unmount_all_under(&layout.agent_dir()) {
+        eprintln!("cannot unmount the pods' volumes under {}: {e}", layout.agent_dir().display());
+    }
+}
+
 fn remove_bridge(layout: &Layout) {
     let Some(bridge) = bridge_of(&layout.cni_conf_dir()) else { return };
     if Path::new("/sys/class/net").join(&bridge).exists() {
