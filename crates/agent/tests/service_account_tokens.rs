@@ -2,8 +2,8 @@
 //! ServiceAccount admission plugin on, as by default, and its controllers giving `default` its
 //! ServiceAccount and `kube-root-ca.crt`), a real `berth runtime` and the real `berth agent`
 //! running as the node. The agent asks TokenRequest for a token bound to the pod and writes it
-//! with the CA and the namespace into the `kube-api-access-*` volume; the container sees them, and
-//! the API reads a ConfigMap for the token; the token dies with the pod, and an expired one is
+//! with the CA and the namespace into the `kube-api-access-*` volume; the container sees them and
+//! reads a ConfigMap through the API with them; the token dies with the pod, and an expired one is
 //! refused.
 //!
 //! Needs root, runc, the CNI plugins, busybox-static, docker-registry and kubectl.
@@ -30,6 +30,12 @@ fn apply(server: &Server, manifest: serde_json::Value) {
 fn server_keys(server: &Server) -> TokenKeys {
     let pem = std::fs::read_to_string(server.data_dir().join("pki").join(satoken::SIGNING_KEY_FILE)).unwrap();
     TokenKeys::from_pem(&pem, &[], satoken::DEFAULT_ISSUER, Vec::new()).unwrap()
+}
+
+/// `name` on PATH.
+fn which(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file()).unwrap_or_else(|| panic!("{name} on PATH"))
 }
 
 /// kubectl as the holder of `token` (the admin kubeconfig's cluster and CA, its user replaced).
@@ -62,18 +68,26 @@ async fn a_pod_gets_a_token_bound_to_it_that_reads_the_api_and_dies_with_the_pod
                            "data": {"message": "hello-from-the-api"}}),
     );
 
-    // The container shows what it finds at the mount. It does not call the API itself: the
-    // server's rustls and busybox wget's own TLS 1.2 client share no cipher suite (handshake
-    // failure, alert 40), so the test calls the API with the token the container printed.
+    // The container shows what it finds at the mount and reads the ConfigMap through the API as
+    // any in-cluster client does: kubectl (a static binary, from the host) with no kubeconfig
+    // takes the mounted token, CA and namespace and KUBERNETES_SERVICE_HOST/PORT. Those name the
+    // server itself (on the host network), since Services do not route yet; busybox wget cannot
+    // do HTTPS alone.
+    let kubectl = std::fs::canonicalize(which("kubectl")).unwrap();
     let script = format!(
         "cd {MOUNT} && echo \"namespace=$(cat namespace)\" && test -s ca.crt && echo has-ca && \
-         echo \"token=$(cat token)\" && exec sleep 3600"
+         echo \"token=$(cat token)\" && echo \"api=$(/kubectl get configmap greeting -o jsonpath={{.data.message}})\" && \
+         exec sleep 3600"
     );
     apply(
         &server,
         serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reader", "namespace": "default"},
-            "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2,
-                     "containers": [{"name": "app", "image": image, "command": ["sh", "-c", script]}]}}),
+            "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "hostNetwork": true,
+                     "volumes": [{"name": "kubectl", "hostPath": {"path": kubectl, "type": "File"}}],
+                     "containers": [{"name": "app", "image": image, "command": ["sh", "-c", script],
+                                     "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                                             {"name": "KUBERNETES_SERVICE_PORT", "value": server.port.to_string()}],
+                                     "volumeMounts": [{"name": "kubectl", "mountPath": "/kubectl", "readOnly": true}]}]}}),
     );
     let ready = server.kubectl(&["wait", "--for=condition=Ready", "pod/reader", "--timeout=120s"]);
     assert!(
@@ -89,7 +103,7 @@ async fn a_pod_gets_a_token_bound_to_it_that_reads_the_api_and_dies_with_the_pod
         "pod",
         "reader",
         "-o",
-        "jsonpath={.spec.serviceAccountName} {.spec.volumes[0].name} {.metadata.uid}",
+        "jsonpath={.spec.serviceAccountName} {.spec.volumes[1].name} {.metadata.uid}",
     ]);
     let [sa, volume, uid]: [&str; 3] = spec.split(' ').collect::<Vec<_>>().try_into().unwrap();
     assert_eq!(sa, "default");
@@ -97,10 +111,11 @@ async fn a_pod_gets_a_token_bound_to_it_that_reads_the_api_and_dies_with_the_pod
 
     let logs = eventually("the container's view of the mount", || async {
         let out = server.kubectl_ok(&["logs", "reader"]);
-        out.contains("token=").then_some(out)
+        out.contains("api=").then_some(out)
     })
     .await;
     assert!(logs.contains("namespace=default") && logs.contains("has-ca"), "{logs}");
+    assert!(logs.contains("api=hello-from-the-api"), "the container read the ConfigMap through the API: {logs}");
     let seen = logs.lines().find_map(|l| l.strip_prefix("token=")).unwrap().to_string();
 
     // On the node: kubelet's layout, the volume's mode, a token bound to this pod.
