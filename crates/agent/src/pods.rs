@@ -15,6 +15,7 @@ mod cri;
 mod dns;
 mod env;
 mod gc;
+mod hosts;
 mod images;
 pub mod labels;
 mod mount;

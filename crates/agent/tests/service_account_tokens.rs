@@ -77,12 +77,14 @@ async fn a_pod_gets_a_token_bound_to_it_that_reads_the_api_and_dies_with_the_pod
     let script = format!(
         "cd {MOUNT} && echo \"namespace=$(cat namespace)\" && test -s ca.crt && echo has-ca && \
          echo \"token=$(cat token)\" && echo \"api=$(/kubectl get configmap greeting -o jsonpath={{.data.message}})\" && \
+         grep -q \"^123.45.67.89.foo.bar$\" /etc/hosts && head -1 /etc/hosts && \
          exec sleep 3600"
     );
     apply(
         &server,
         serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reader", "namespace": "default"},
             "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 2, "hostNetwork": true,
+                     "hostAliases": [{"ip": "123.45.67.89", "hostnames": ["foo", "bar"]}],
                      "volumes": [{"name": "kubectl", "hostPath": {"path": kubectl, "type": "File"}}],
                      "containers": [{"name": "app", "image": image, "command": ["sh", "-c", script],
                                      "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
@@ -116,6 +118,10 @@ async fn a_pod_gets_a_token_bound_to_it_that_reads_the_api_and_dies_with_the_pod
     .await;
     assert!(logs.contains("namespace=default") && logs.contains("has-ca"), "{logs}");
     assert!(logs.contains("api=hello-from-the-api"), "the container read the ConfigMap through the API: {logs}");
+    assert!(
+        logs.contains("# Kubernetes-managed hosts file (host network)."),
+        "/etc/hosts is the pod's, with its aliases: {logs}"
+    );
     let seen = logs.lines().find_map(|l| l.strip_prefix("token=")).unwrap().to_string();
 
     // On the node: kubelet's layout, the volume's mode, a token bound to this pod.

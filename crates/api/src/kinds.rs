@@ -785,6 +785,41 @@ fn validate_pod_spec(spec: &core::PodSpec, path: &str) -> Vec<FieldError> {
     for (name, q) in spec.overhead.iter().flatten() {
         errs.extend(validate_resource_quantity(&format!("{path}.overhead[{name}]"), q).0);
     }
+    if let Some(sysctls) = spec.security_context.as_ref().and_then(|sc| sc.sysctls.as_ref()) {
+        errs.extend(validate_sysctls(sysctls, &format!("{path}.securityContext.sysctls")));
+    }
+    errs
+}
+
+/// Kubernetes' sysctl name pattern, as its validation messages print it.
+const SYSCTL_NAME_PATTERN: &str = r"^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[\./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$";
+const SYSCTL_MAX_LENGTH: usize = 253;
+
+/// Segments of `[a-z0-9]([-_a-z0-9]*[a-z0-9])?` joined by `.` or `/`, at most 253 characters.
+fn is_valid_sysctl_name(name: &str) -> bool {
+    let segment_ok = |seg: &str| {
+        let b = seg.as_bytes();
+        let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        !b.is_empty() && edge(b[0]) && edge(b[b.len() - 1]) && b.iter().all(|&c| edge(c) || c == b'-' || c == b'_')
+    };
+    name.len() <= SYSCTL_MAX_LENGTH && name.split(['.', '/']).all(segment_ok)
+}
+
+fn validate_sysctls(sysctls: &[core::Sysctl], path: &str) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, sysctl) in sysctls.iter().enumerate() {
+        let p = format!("{path}[{i}].name");
+        if sysctl.name.is_empty() {
+            errs.push(FieldError::required(p, ""));
+        } else if !is_valid_sysctl_name(&sysctl.name) {
+            let detail =
+                format!("must have at most {SYSCTL_MAX_LENGTH} characters and match regex {SYSCTL_NAME_PATTERN}");
+            errs.push(FieldError::invalid(p, &sysctl.name, detail));
+        } else if !seen.insert(sysctl.name.as_str()) {
+            errs.push(FieldError::duplicate(p, &sysctl.name));
+        }
+    }
     errs
 }
 
@@ -1791,6 +1826,28 @@ mod tests {
     #[test]
     fn valid_pod_passes() {
         assert!(validate_create(&PODS, &created(&PODS, pod())).is_empty());
+    }
+
+    #[test]
+    fn invalid_sysctl_names_are_refused_and_valid_ones_pass_as_in_kubernetes() {
+        let mut v = pod();
+        v["spec"]["securityContext"] = json!({"sysctls": [
+            {"name": "foo-", "value": "bar"}, {"name": "kernel.shmmax", "value": "1"},
+            {"name": "safe-and-unsafe", "value": "1"}, {"name": "bar..", "value": "42"},
+            {"name": "net/ipv4/ip_forward", "value": "1"}, {"name": "kernel.shmmax", "value": "2"}]});
+        let pattern = r"^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[\./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$";
+        assert_eq!(
+            msgs(&validate_create(&PODS, &created(&PODS, v))),
+            vec![
+                format!(
+                    "spec.securityContext.sysctls[0].name: Invalid value: \"foo-\": must have at most 253 characters and match regex {pattern}"
+                ),
+                format!(
+                    "spec.securityContext.sysctls[3].name: Invalid value: \"bar..\": must have at most 253 characters and match regex {pattern}"
+                ),
+                "spec.securityContext.sysctls[5].name: Duplicate value: \"kernel.shmmax\"".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -43,6 +43,7 @@ use super::cgroups::{self, Cgroups};
 use super::cri::{self as cricalls, CriError};
 use super::dns::HostDns;
 use super::env::{self, PodContext, Sources};
+use super::hosts;
 use super::images::{self, PullPolicy};
 use super::labels;
 use super::mount::Mounter;
@@ -1232,13 +1233,26 @@ impl Worker {
             }
         };
         let prepared = self.volumes.as_ref().map(|(v, _)| v.clone()).unwrap_or_default();
-        let mounts = match volumes::container_mounts(&c, &prepared, &env) {
+        let mut mounts = match volumes::container_mounts(&c, &prepared, &env) {
             Ok(m) => m,
             Err(e) => {
                 config_error(self, crate::agent::error_chain(&e));
                 return Ok(None);
             }
         };
+        if hosts::mounted_for(&c, &ctx.pod_ips) {
+            match self.hosts_file(&ctx.pod_ips) {
+                Ok(file) => mounts.push(cri::Mount {
+                    container_path: hosts::ETC_HOSTS.into(),
+                    host_path: file.display().to_string(),
+                    ..Default::default()
+                }),
+                Err(e) => {
+                    config_error(self, format!("writing the pod's hosts file: {e}"));
+                    return Ok(None);
+                }
+            }
+        }
         let termination_file = self.termination_message_file(&c, restart_count);
         let qos = berth_api::kinds::pod_qos_class(self.spec());
         let config = spec::container_config(spec::ContainerInputs {
@@ -1298,6 +1312,20 @@ impl Worker {
             }
         }
         Ok(Some(id))
+    }
+
+    /// The pod's `/etc/hosts` on the node, written once (as kubelet does) and shared by its
+    /// containers.
+    fn hosts_file(&self, pod_ips: &[String]) -> std::io::Result<PathBuf> {
+        let file = volumes::pod_dir(&self.ctx.root_dir, &self.uid).join("etc-hosts");
+        if !file.exists() {
+            let node_hosts = std::fs::read_to_string(hosts::ETC_HOSTS).unwrap_or_default();
+            let tmp = file.with_extension("tmp");
+            std::fs::create_dir_all(file.parent().unwrap_or(&self.ctx.root_dir))?;
+            std::fs::write(&tmp, hosts::content(&self.pod, pod_ips, &node_hosts))?;
+            std::fs::rename(&tmp, &file)?;
+        }
+        Ok(file)
     }
 
     /// Creates the host file for the container's termination message; `None` when it has none.
