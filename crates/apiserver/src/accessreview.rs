@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use berth_api::FieldError;
 use http::{HeaderMap, Method, StatusCode};
@@ -31,6 +31,8 @@ pub const AUTHORIZATION_VERSION: &str = "v1";
 enum Review {
     SelfSubjectAccess,
     SubjectAccess,
+    /// A `SubjectAccessReview` posted in a namespace, about that namespace only.
+    LocalSubjectAccess,
     SelfSubjectRules,
     SelfSubject,
 }
@@ -40,6 +42,7 @@ impl Review {
         match self {
             Review::SelfSubjectAccess => "SelfSubjectAccessReview",
             Review::SubjectAccess => "SubjectAccessReview",
+            Review::LocalSubjectAccess => "LocalSubjectAccessReview",
             Review::SelfSubjectRules => "SelfSubjectRulesReview",
             Review::SelfSubject => "SelfSubjectReview",
         }
@@ -47,7 +50,10 @@ impl Review {
 
     fn group(self) -> &'static str {
         match self {
-            Review::SelfSubjectAccess | Review::SubjectAccess | Review::SelfSubjectRules => AUTHORIZATION_GROUP,
+            Review::SelfSubjectAccess
+            | Review::SubjectAccess
+            | Review::LocalSubjectAccess
+            | Review::SelfSubjectRules => AUTHORIZATION_GROUP,
             Review::SelfSubject => crate::tokenreview::GROUP,
         }
     }
@@ -56,6 +62,7 @@ impl Review {
         match self {
             Review::SelfSubjectAccess => "selfsubjectaccessreviews",
             Review::SubjectAccess => "subjectaccessreviews",
+            Review::LocalSubjectAccess => "localsubjectaccessreviews",
             Review::SelfSubjectRules => "selfsubjectrulesreviews",
             Review::SelfSubject => "selfsubjectreviews",
         }
@@ -65,7 +72,7 @@ impl Review {
         json!({
             "name": self.plural(),
             "singularName": self.kind().to_ascii_lowercase(),
-            "namespaced": false,
+            "namespaced": self == Review::LocalSubjectAccess,
             "kind": self.kind(),
             "verbs": ["create"],
         })
@@ -75,6 +82,7 @@ impl Review {
 /// The entries of `/apis/authorization.k8s.io/v1`.
 pub fn authorization_resources() -> Vec<Value> {
     vec![
+        Review::LocalSubjectAccess.api_resource(),
         Review::SelfSubjectAccess.api_resource(),
         Review::SelfSubjectRules.api_resource(),
         Review::SubjectAccess.api_resource(),
@@ -88,27 +96,39 @@ pub fn authentication_resources() -> Vec<Value> {
 
 /// `/apis/authorization.k8s.io/v1/selfsubjectaccessreviews`
 pub async fn self_subject_access(state: State<Arc<ApiState>>, m: Method, h: HeaderMap, b: Body) -> Response {
-    serve(state, Review::SelfSubjectAccess, m, h, b).await
+    serve(state, Review::SelfSubjectAccess, None, m, h, b).await
 }
 
 /// `/apis/authorization.k8s.io/v1/subjectaccessreviews`
 pub async fn subject_access(state: State<Arc<ApiState>>, m: Method, h: HeaderMap, b: Body) -> Response {
-    serve(state, Review::SubjectAccess, m, h, b).await
+    serve(state, Review::SubjectAccess, None, m, h, b).await
+}
+
+/// `/apis/authorization.k8s.io/v1/namespaces/{namespace}/localsubjectaccessreviews`
+pub async fn local_subject_access(
+    state: State<Arc<ApiState>>,
+    Path(namespace): Path<String>,
+    m: Method,
+    h: HeaderMap,
+    b: Body,
+) -> Response {
+    serve(state, Review::LocalSubjectAccess, Some(namespace), m, h, b).await
 }
 
 /// `/apis/authorization.k8s.io/v1/selfsubjectrulesreviews`
 pub async fn self_subject_rules(state: State<Arc<ApiState>>, m: Method, h: HeaderMap, b: Body) -> Response {
-    serve(state, Review::SelfSubjectRules, m, h, b).await
+    serve(state, Review::SelfSubjectRules, None, m, h, b).await
 }
 
 /// `/apis/authentication.k8s.io/v1/selfsubjectreviews`
 pub async fn self_subject(state: State<Arc<ApiState>>, m: Method, h: HeaderMap, b: Body) -> Response {
-    serve(state, Review::SelfSubject, m, h, b).await
+    serve(state, Review::SelfSubject, None, m, h, b).await
 }
 
 async fn serve(
     State(state): State<Arc<ApiState>>,
     review: Review,
+    namespace: Option<String>,
     method: Method,
     headers: HeaderMap,
     body: Body,
@@ -121,7 +141,10 @@ async fn serve(
                 review.plural()
             )));
         }
-        let body = request::decode_body(&headers, &request::read_body(body).await?)?;
+        let mut body = request::decode_body(&headers, &request::read_body(body).await?)?;
+        if let Some(namespace) = &namespace {
+            in_namespace(&mut body, namespace)?;
+        }
         // Without an authenticator (in-process tests) every request is served as an admin.
         let user = authz::with_request_user(|u| u.cloned());
         answer(&state, review, user.as_ref(), body).await
@@ -150,7 +173,7 @@ async fn answer(state: &ApiState, review: Review, user: Option<&UserInfo>, mut b
             };
             body["status"] = status(decision);
         }
-        Review::SubjectAccess => {
+        Review::SubjectAccess | Review::LocalSubjectAccess => {
             let request = attributes(review, &body)?;
             let subject = subject(&body);
             body["status"] = status(authz::decide(state, &subject, &request).await?);
@@ -239,6 +262,24 @@ fn rules(user: &UserInfo, namespace: &str) -> Value {
     json!({"resourceRules": resource_rules, "nonResourceRules": non_resource_rules, "incomplete": incomplete})
 }
 
+/// A local review belongs to the namespace it is posted in: its `metadata.namespace` is that one
+/// (filled in when absent), as kube-apiserver requires.
+fn in_namespace(body: &mut Value, namespace: &str) -> ApiResult<()> {
+    match body.pointer("/metadata/namespace").and_then(Value::as_str) {
+        None | Some("") => {
+            if !body.get("metadata").is_some_and(Value::is_object) {
+                body["metadata"] = json!({});
+            }
+            body["metadata"]["namespace"] = json!(namespace);
+            Ok(())
+        }
+        Some(ns) if ns == namespace => Ok(()),
+        Some(_) => Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+    }
+}
+
 /// Checks `apiVersion` and `kind` (filled in when absent) and gives the review its metadata.
 fn check_type(review: Review, body: &mut Value) -> ApiResult<()> {
     let api_version = format!("{}/v1", review.group());
@@ -304,7 +345,19 @@ fn attributes(review: Review, body: &Value) -> ApiResult<Request> {
         )),
         _ => {}
     }
-    if review == Review::SubjectAccess
+    if review == Review::LocalSubjectAccess
+        && let Some(r) = resource
+    {
+        let namespace = body.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+        if str_field(r, "namespace") != namespace {
+            errors.push(FieldError::invalid(
+                "spec.resourceAttributes.namespace",
+                str_field(r, "namespace"),
+                "must match metadata.namespace",
+            ));
+        }
+    }
+    if matches!(review, Review::SubjectAccess | Review::LocalSubjectAccess)
         && str_field(&spec, "user").is_empty()
         && spec.get("groups").and_then(Value::as_array).is_none_or(Vec::is_empty)
     {

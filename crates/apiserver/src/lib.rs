@@ -135,6 +135,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/apis/authentication.k8s.io/v1/selfsubjectreviews", any(accessreview::self_subject))
         .route("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", any(accessreview::self_subject_access))
         .route("/apis/authorization.k8s.io/v1/subjectaccessreviews", any(accessreview::subject_access))
+        .route(
+            "/apis/authorization.k8s.io/v1/namespaces/{namespace}/localsubjectaccessreviews",
+            any(accessreview::local_subject_access),
+        )
         .route("/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", any(accessreview::self_subject_rules))
         .route("/apis/{group}", get(discovery::group))
         .route("/apis/{group}/", get(discovery::group))

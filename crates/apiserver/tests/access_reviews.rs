@@ -117,6 +117,39 @@ async fn a_subject_access_review_judges_the_named_subject_not_the_caller() {
 }
 
 #[tokio::test]
+async fn a_local_subject_access_review_judges_the_subject_in_the_namespace_it_is_posted_in() {
+    let api = Api::new().await;
+    let path = "/apis/authorization.k8s.io/v1/namespaces/team/localsubjectaccessreviews";
+    let review = |metadata: Value, namespace: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "LocalSubjectAccessReview", "metadata": metadata,
+            "spec": {"user": "system:node:node-a", "groups": ["system:nodes"],
+                     "resourceAttributes": {"verb": "list", "resource": "configmaps", "namespace": namespace}}})
+    };
+    let (code, body) = api.send(ADMIN, "POST", path, Some(&review(json!({}), "team"))).await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    assert_eq!(body["metadata"]["namespace"], "team");
+    assert_eq!(body["status"]["allowed"], false, "a node lists no configmaps: {body}");
+    let (_, body) = api.send(ADMIN, "POST", path, Some(&review(json!({"namespace": "team"}), "team"))).await;
+    assert_eq!(body["kind"], "LocalSubjectAccessReview", "{body}");
+    // About another namespace than its own, or posted in another one: refused.
+    let (code, body) = api.send(ADMIN, "POST", path, Some(&review(json!({}), "other"))).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("spec.resourceAttributes.namespace: Invalid value: \"other\": must match metadata.namespace"),
+        "{body}"
+    );
+    let (code, body) = api.send(ADMIN, "POST", path, Some(&review(json!({"namespace": "other"}), "other"))).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        body["message"],
+        "the namespace of the provided object does not match the namespace sent on the request"
+    );
+}
+
+#[tokio::test]
 async fn a_self_subject_review_tells_the_caller_who_it_is() {
     let api = Api::new().await;
     let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
@@ -156,10 +189,16 @@ async fn discovery_lists_the_reviews_and_their_protobuf_messages_exist() {
     let plural = |list: &Value| -> Vec<String> {
         list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap().to_string()).collect()
     };
-    assert_eq!(plural(&list), ["selfsubjectaccessreviews", "selfsubjectrulesreviews", "subjectaccessreviews"]);
+    assert_eq!(
+        plural(&list),
+        ["localsubjectaccessreviews", "selfsubjectaccessreviews", "selfsubjectrulesreviews", "subjectaccessreviews"]
+    );
+    let local = &list["resources"][0];
+    assert_eq!((local["namespaced"].as_bool(), local["kind"].as_str()), (Some(true), Some("LocalSubjectAccessReview")));
     let (_, list) = api.send(ADMIN, "GET", "/apis/authentication.k8s.io/v1", None).await;
     assert_eq!(plural(&list), ["tokenreviews", "selfsubjectreviews"]);
-    for kind in ["SelfSubjectAccessReview", "SubjectAccessReview", "SelfSubjectRulesReview"] {
+    for kind in ["LocalSubjectAccessReview", "SelfSubjectAccessReview", "SubjectAccessReview", "SelfSubjectRulesReview"]
+    {
         assert!(protobuf::supports("authorization.k8s.io/v1", kind), "{kind}");
     }
     assert!(protobuf::supports("authentication.k8s.io/v1", "SelfSubjectReview"));
