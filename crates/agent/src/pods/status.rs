@@ -350,8 +350,18 @@ fn names(list: &[&str]) -> String {
 pub fn pod_status(pod: &core::Pod, o: &Observed, old: Option<&core::PodStatus>, now: Timestamp) -> core::PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let init_specs: &[core::Container] = spec.init_containers.as_deref().unwrap_or(&[]);
-    let init: Vec<core::ContainerStatus> =
-        init_specs.iter().map(|c| container_status(c, o.containers.get(&c.name), o, "PodInitializing")).collect();
+    let init: Vec<core::ContainerStatus> = init_specs
+        .iter()
+        .map(|c| {
+            let mut status = container_status(c, o.containers.get(&c.name), o, "PodInitializing");
+            // kubelet: an init container (not a sidecar) is ready once it has exited 0.
+            if !is_sidecar(c) {
+                let exit = status.state.as_ref().and_then(|s| s.terminated.as_ref()).map(|t| t.exit_code);
+                status.ready = exit == Some(0);
+            }
+            status
+        })
+        .collect();
     // An init container is done when it exited 0; a sidecar, once it started.
     let done = |c: &core::Container| {
         let s = init.iter().find(|s| s.name == c.name);
@@ -656,6 +666,7 @@ mod tests {
         let s = pod_status(&p, &observed(vec![("setup", done), ("app", running("app"))]), None, at(0));
         assert_eq!(s.phase.as_deref(), Some("Running"));
         assert_eq!(cond(&s, "Initialized").status, "True");
+        assert!(s.init_container_statuses.as_ref().unwrap()[0].ready, "an init container that exited 0 is ready");
     }
 
     #[test]
