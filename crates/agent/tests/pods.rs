@@ -528,6 +528,36 @@ async fn a_crashing_container_goes_into_crash_loop_back_off_and_counts_restarts(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_pod_whose_active_deadline_is_lowered_fails_with_deadline_exceeded() {
+    let c = Cluster::start().await;
+    let pod = c
+        .create(json!({
+            "metadata": {"name": "deadline"},
+            "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "app", "image": c.busybox, "command": ["sleep", "3600"]}]}
+        }))
+        .await;
+    c.wait_pod("deadline", "Running", common::PATIENCE, |p| phase(p) == "Running").await;
+    let patch = json!({"spec": {"activeDeadlineSeconds": 2}});
+    c.pods().patch("deadline", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+    let failed = c.wait_pod("deadline", "Failed", Duration::from_secs(30), |p| phase(p) == "Failed").await;
+    let status = failed.status.as_ref().unwrap();
+    assert_eq!(status.reason.as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(status.message.as_deref(), Some("Pod was active on the node longer than the specified deadline"));
+    let stopped = c
+        .wait_pod("deadline", "its container stopped", Duration::from_secs(30), |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .is_some_and(|cs| cs[0].state.as_ref().is_some_and(|st| st.terminated.is_some()))
+        })
+        .await;
+    assert_eq!(phase(&stopped), "Failed", "a failed pod stays failed");
+    let events = c.events_of(&pod).await;
+    assert!(events.iter().any(|e| e.reason.as_deref() == Some("DeadlineExceeded")), "a DeadlineExceeded event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_is_graceful_runs_pre_stop_and_leaves_no_sandbox() {
     let c = Cluster::start().await;
     let host = tempfile::tempdir().unwrap();

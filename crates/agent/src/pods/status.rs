@@ -148,6 +148,18 @@ pub struct Observed {
     pub sandbox_blocked: Option<Waiting>,
     /// The pod is being or has been torn down by the node: nothing will restart.
     pub terminal: bool,
+    /// The pod ran past `spec.activeDeadlineSeconds`: it fails.
+    pub deadline_exceeded: bool,
+}
+
+/// The reason and message of a pod that ran past its `activeDeadlineSeconds`, as kubelet's.
+pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+pub const DEADLINE_EXCEEDED_MESSAGE: &str = "Pod was active on the node longer than the specified deadline";
+
+/// When the pod's `activeDeadlineSeconds` runs out, counted from its start time.
+pub fn active_deadline(spec: &core::PodSpec, start_time: Option<Timestamp>) -> Option<Timestamp> {
+    let seconds = spec.active_deadline_seconds.filter(|s| *s > 0)?;
+    start_time?.checked_add(jiff::SignedDuration::from_secs(seconds)).ok()
 }
 
 /// One container's status.
@@ -378,9 +390,15 @@ pub fn pod_status(pod: &core::Pod, o: &Observed, old: Option<&core::PodStatus>, 
     containers.sort_by(|a, b| a.name.cmp(&b.name));
     let mut phase = phase(&spec, &init, &containers, o.terminal);
     let old_phase = old.and_then(|s| s.phase.as_deref());
+    let mut reason = old.and_then(|s| s.reason.clone());
+    let mut message = old.and_then(|s| s.message.clone());
     if matches!(old_phase, Some("Succeeded" | "Failed")) {
         // A terminal phase is final.
         phase = if old_phase == Some("Succeeded") { "Succeeded" } else { "Failed" };
+    } else if o.deadline_exceeded {
+        phase = "Failed";
+        reason = Some(DEADLINE_EXCEEDED.into());
+        message = Some(DEADLINE_EXCEEDED_MESSAGE.into());
     }
     let completed = phase == "Succeeded";
 
@@ -459,8 +477,8 @@ pub fn pod_status(pod: &core::Pod, o: &Observed, old: Option<&core::PodStatus>, 
             .or_else(|| Some(berth_api::kinds::pod_qos_class(&spec).to_string())),
         container_statuses: Some(containers),
         init_container_statuses: (!init.is_empty()).then_some(init),
-        reason: old.and_then(|s| s.reason.clone()),
-        message: old.and_then(|s| s.message.clone()),
+        reason,
+        message,
         ..Default::default()
     }
 }
@@ -667,6 +685,28 @@ mod tests {
         assert_eq!(s.phase.as_deref(), Some("Running"));
         assert_eq!(cond(&s, "Initialized").status, "True");
         assert!(s.init_container_statuses.as_ref().unwrap()[0].ready, "an init container that exited 0 is ready");
+    }
+
+    #[test]
+    fn a_pod_past_its_active_deadline_fails_with_kubelets_reason_for_good() {
+        let mut p = pod(&["app"], &[], "Always");
+        p.spec.as_mut().unwrap().active_deadline_seconds = Some(5);
+        assert_eq!(active_deadline(p.spec.as_ref().unwrap(), Some(at(10))), Some(at(15)));
+        assert_eq!(active_deadline(p.spec.as_ref().unwrap(), None), None);
+        let mut o = observed(vec![("app", running("app"))]);
+        o.deadline_exceeded = true;
+        let s = pod_status(&p, &o, None, at(20));
+        assert_eq!(
+            (s.phase.as_deref(), s.reason.as_deref(), s.message.as_deref()),
+            (
+                Some("Failed"),
+                Some("DeadlineExceeded"),
+                Some("Pod was active on the node longer than the specified deadline")
+            )
+        );
+        o.deadline_exceeded = false;
+        let later = pod_status(&p, &o, Some(&s), at(30));
+        assert_eq!((later.phase.as_deref(), later.reason.as_deref()), (Some("Failed"), Some("DeadlineExceeded")));
     }
 
     #[test]

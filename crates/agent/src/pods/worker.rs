@@ -597,12 +597,19 @@ impl Worker {
         let deferred = !plan.steps.is_empty() && only_starts;
         let status = self.report_with(instances, false, deferred).await?;
         if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+            if status.reason.as_deref() == Some(status::DEADLINE_EXCEEDED) {
+                self.event(events::Type::Normal, "", status::DEADLINE_EXCEEDED, status::DEADLINE_EXCEEDED_MESSAGE);
+            }
             tracing::info!(pod = %self.pod_ref(), phase = ?status.phase, "pod finished");
             self.state = State::Finished { stopped: false };
             return Ok(Acted::Next(Next::Now));
         }
         self.collect_old_instances(rt, instances).await?;
         if plan.steps.is_empty() {
+            let wake_at = match (wake_at, self.deadline()) {
+                (Some(w), Some(d)) => Some(w.min(d)),
+                (w, d) => w.or(d),
+            };
             let until_wake = wake_at
                 .map(|w| Duration::try_from(w.duration_since(Timestamp::now())).unwrap_or_default())
                 .map(|d| d + Duration::from_millis(50));
@@ -1382,7 +1389,14 @@ impl Worker {
                 _ => None,
             },
             terminal,
+            deadline_exceeded: self.deadline().is_some_and(|d| d <= Timestamp::now()),
         }
+    }
+
+    /// When the pod's `activeDeadlineSeconds` runs out: from the start time it reported.
+    fn deadline(&self) -> Option<Timestamp> {
+        let started = self.status.as_ref().or(self.pod.status.as_ref()).and_then(|s| s.start_time.as_ref());
+        status::active_deadline(self.spec(), started.map(|t| t.0))
     }
 
     /// Computes the status from `instances` and writes it if it changed.
