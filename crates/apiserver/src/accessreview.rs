@@ -141,6 +141,18 @@ async fn serve(
                 review.plural()
             )));
         }
+        // A review is not an object kept in the API: it has no metadata to show as a Table.
+        let shape = match request::output(&headers) {
+            request::Output::Object => None,
+            request::Output::Table => Some("a Table"),
+            request::Output::PartialMetadata => Some("PartialObjectMetadata"),
+        };
+        if let Some(shape) = shape {
+            return Err(ApiError::not_acceptable(format!(
+                "the resource {} does not support being converted to {shape}",
+                review.plural()
+            )));
+        }
         let mut body = request::decode_body(&headers, &request::read_body(body).await?)?;
         if let Some(namespace) = &namespace {
             in_namespace(&mut body, namespace)?;

@@ -117,6 +117,9 @@ impl ApiError {
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }
+    pub fn not_acceptable(message: impl Into<String>) -> Self {
+        Self::new(406, "NotAcceptable", message)
+    }
     pub fn gone(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
     }

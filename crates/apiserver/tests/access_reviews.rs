@@ -175,6 +175,18 @@ async fn reviews_are_created_only() {
     }
     let (code, body) = api.send(ADMIN, "POST", SSAR, Some(&json!({"spec": {}}))).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    // Nor shown as a Table: 406, as kube-apiserver answers.
+    let req = Request::builder()
+        .method("POST")
+        .uri(SSAR)
+        .header("content-type", "application/json")
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .header("authorization", format!("Bearer {ADMIN}"));
+    let review = json!({"spec": {"nonResourceAttributes": {"path": "/", "verb": "get"}}});
+    let resp = router(api.state.clone()).oneshot(req.body(Body::from(review.to_string())).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_ACCEPTABLE);
+    let status: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(status["reason"], "NotAcceptable", "{status}");
     assert_eq!(body["details"]["kind"], "SelfSubjectAccessReview");
 }
 
