@@ -294,24 +294,7 @@ fn in_namespace(body: &mut Value, namespace: &str) -> ApiResult<()> {
 
 /// Checks `apiVersion` and `kind` (filled in when absent) and gives the review its metadata.
 fn check_type(review: Review, body: &mut Value) -> ApiResult<()> {
-    let api_version = format!("{}/v1", review.group());
-    match body.get("apiVersion").and_then(Value::as_str) {
-        Some(v) if v != api_version => {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({api_version})"
-            )));
-        }
-        _ => body["apiVersion"] = json!(api_version),
-    }
-    match body.get("kind").and_then(Value::as_str) {
-        Some(k) if k != review.kind() => {
-            return Err(ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type {}): kind {k:?} does not match",
-                review.kind()
-            )));
-        }
-        _ => body["kind"] = json!(review.kind()),
-    }
+    request::check_type_meta(body, &format!("{}/v1", review.group()), review.kind())?;
     if !body.get("metadata").is_some_and(Value::is_object) {
         body["metadata"] = json!({});
     }

@@ -372,26 +372,7 @@ pub(crate) fn check_object(
     duplicates: &[String],
     fv: FieldValidation,
 ) -> ApiResult<(Value, Vec<String>)> {
-    let expected = rt.api_version();
-    match obj.get("apiVersion").and_then(Value::as_str) {
-        Some(v) if v != expected => {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({expected})"
-            )));
-        }
-        Some(_) => {}
-        None => obj["apiVersion"] = json!(expected),
-    }
-    match obj.get("kind").and_then(Value::as_str) {
-        Some(k) if k != rt.kind => {
-            return Err(ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type {}): kind {k:?} does not match",
-                rt.kind
-            )));
-        }
-        Some(_) => {}
-        None => obj["kind"] = json!(rt.kind),
-    }
+    crate::request::check_type_meta(&mut obj, &rt.api_version(), rt.kind)?;
     let handled_as = |why: String| {
         ApiError::bad_request(format!(
             "{} in version {:?} cannot be handled as a {}: {why}",

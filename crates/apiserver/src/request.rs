@@ -280,6 +280,30 @@ pub fn output(headers: &HeaderMap) -> Output {
     Output::Object
 }
 
+/// Checks a body's `apiVersion` and `kind` against the endpoint's, filling in the absent ones, with
+/// kube-apiserver's messages for a mismatch.
+pub(crate) fn check_type_meta(obj: &mut Value, api_version: &str, kind: &str) -> Result<(), ApiError> {
+    match obj.get("apiVersion").and_then(Value::as_str) {
+        Some(v) if v != api_version => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({api_version})"
+            )));
+        }
+        Some(_) => {}
+        None => obj["apiVersion"] = serde_json::json!(api_version),
+    }
+    match obj.get("kind").and_then(Value::as_str) {
+        Some(k) if k != kind => Err(ApiError::bad_request(format!(
+            "the object provided is unrecognized (must be of type {kind}): kind {k:?} does not match"
+        ))),
+        Some(_) => Ok(()),
+        None => {
+            obj["kind"] = serde_json::json!(kind);
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

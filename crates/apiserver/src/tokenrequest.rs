@@ -73,23 +73,7 @@ pub async fn create(
     node: Option<&str>,
     now: i64,
 ) -> ApiResult<Value> {
-    let api_version = format!("{GROUP}/{VERSION}");
-    match req.get("apiVersion").and_then(Value::as_str) {
-        Some(v) if v != api_version => {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({api_version})"
-            )));
-        }
-        _ => req["apiVersion"] = json!(api_version),
-    }
-    match req.get("kind").and_then(Value::as_str) {
-        Some(k) if k != "TokenRequest" => {
-            return Err(ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type TokenRequest): kind {k:?} does not match"
-            )));
-        }
-        _ => req["kind"] = json!("TokenRequest"),
-    }
+    crate::request::check_type_meta(&mut req, &format!("{GROUP}/{VERSION}"), "TokenRequest")?;
     let Some(keys) = state.service_account_tokens.as_ref() else {
         return Err(ApiError::not_found(&SERVICEACCOUNTS, name));
     };

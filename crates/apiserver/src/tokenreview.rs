@@ -59,23 +59,7 @@ pub async fn serve(State(state): State<Arc<ApiState>>, method: Method, headers: 
 /// Fills in `status` of a TokenReview as kube-apiserver does. Without an authenticator (the
 /// in-process test mode) the review comes back as sent.
 pub fn review(authn: Option<&TokenAuthenticator>, mut review: Value) -> ApiResult<Value> {
-    let api_version = format!("{GROUP}/{VERSION}");
-    match review.get("apiVersion").and_then(Value::as_str) {
-        Some(v) if v != api_version => {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({api_version})"
-            )));
-        }
-        _ => review["apiVersion"] = json!(api_version),
-    }
-    match review.get("kind").and_then(Value::as_str) {
-        Some(k) if k != "TokenReview" => {
-            return Err(ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type TokenReview): kind {k:?} does not match"
-            )));
-        }
-        _ => review["kind"] = json!("TokenReview"),
-    }
+    crate::request::check_type_meta(&mut review, &format!("{GROUP}/{VERSION}"), "TokenReview")?;
     if !review.get("metadata").is_some_and(Value::is_object) {
         review["metadata"] = json!({});
     }

@@ -11,10 +11,8 @@ use std::fmt::Debug;
 
 use berth_api::selector::LabelSelector;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
-use k8s_openapi::api::core::v1::{
-    PodTemplateSpec, ReplicationController, ReplicationControllerCondition, ReplicationControllerStatus,
-};
+use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
+use k8s_openapi::api::core::v1::{PodTemplateSpec, ReplicationController};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as K8sSelector;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -119,53 +117,24 @@ impl Replicated for ReplicationController {
     }
 
     fn replica_status(&self) -> Option<ReplicaSetStatus> {
-        let s = self.status.clone()?;
-        Some(ReplicaSetStatus {
-            replicas: s.replicas,
-            fully_labeled_replicas: s.fully_labeled_replicas,
-            ready_replicas: s.ready_replicas,
-            available_replicas: s.available_replicas,
-            observed_generation: s.observed_generation,
-            terminating_replicas: None,
-            conditions: s.conditions.map(|cs| {
-                cs.into_iter()
-                    .map(|c| ReplicaSetCondition {
-                        type_: c.type_,
-                        status: c.status,
-                        reason: c.reason,
-                        message: c.message,
-                        last_transition_time: c.last_transition_time,
-                    })
-                    .collect()
-            }),
-        })
+        self.status.as_ref().map(same_fields)
     }
 
-    fn set_replica_status(&mut self, s: ReplicaSetStatus) {
-        self.status = Some(ReplicationControllerStatus {
-            replicas: s.replicas,
-            fully_labeled_replicas: s.fully_labeled_replicas,
-            ready_replicas: s.ready_replicas,
-            available_replicas: s.available_replicas,
-            observed_generation: s.observed_generation,
-            conditions: s.conditions.map(|cs| {
-                cs.into_iter()
-                    .map(|c| ReplicationControllerCondition {
-                        type_: c.type_,
-                        status: c.status,
-                        reason: c.reason,
-                        message: c.message,
-                        last_transition_time: c.last_transition_time,
-                    })
-                    .collect()
-            }),
-        });
+    fn set_replica_status(&mut self, status: ReplicaSetStatus) {
+        self.status = Some(same_fields(&status));
     }
+}
+
+/// The two kinds' statuses (and conditions) have the same fields under the same names: one is
+/// the other through their JSON (a ReplicaSet's `terminatingReplicas` has no place in an RC's).
+fn same_fields<A: Serialize, B: DeserializeOwned + Default>(from: &A) -> B {
+    serde_json::to_value(from).ok().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::apps::v1::ReplicaSetCondition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
