@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use crate::config::{Config, ConfigError, FileConfig, Flags};
+use crate::config::{Config, ConfigError, FileConfig, Flags, ProxyMode};
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::node::NodeReporter;
 use crate::runtimes::{RuntimeManager, probe};
@@ -126,6 +126,7 @@ pub fn endpoints(config: &Config) -> Result<Vec<Endpoint>, AgentError> {
 /// Runs the agent until SIGTERM or SIGINT. Containers keep running when it stops.
 pub async fn run(flags: Flags) -> Result<(), AgentError> {
     let config = Config::load(&flags)?;
+    let (cluster_dns, cluster_domain) = (config.cluster_dns.clone(), config.cluster_domain.clone());
     let ctx = start(flags, config).await?;
     let thresholds = ctx.clone();
     let pods = crate::pods::run(crate::pods::Settings {
@@ -135,6 +136,8 @@ pub async fn run(flags: Flags) -> Result<(), AgentError> {
         root_dir: ctx.root_dir.clone(),
         pod_log_dir: PathBuf::from(POD_LOG_DIR),
         image_gc_thresholds: Box::new(move || thresholds.image_gc_thresholds()),
+        cluster_dns,
+        cluster_domain,
     });
     let kubelet_api = crate::http::serve(crate::http::Settings {
         client: ctx.client.clone(),
@@ -190,10 +193,25 @@ pub async fn start(flags: Flags, config: Config) -> Result<Context, AgentError> 
     };
     tokio::spawn(poll_runtimes(Arc::clone(&runtimes), Arc::clone(&ctx.poll_now)));
     tokio::spawn(NodeReporter::new(ctx.clone()).run());
+    tokio::spawn(crate::network::run(ctx.clone()));
+    if config.proxy_mode == ProxyMode::Nftables {
+        start_service_proxy(&ctx, &config).await;
+    }
     let watcher = ConfigWatcher { flags, tx: config_tx, file_text, ctx: ctx.clone() };
     let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(AgentError::Signal)?;
     tokio::spawn(watcher.run(hangup));
     Ok(ctx)
+}
+
+/// Checks what the Service proxy needs from the host (saying what is missing) and starts it.
+async fn start_service_proxy(ctx: &Context, config: &Config) {
+    let mut proxy = berth_proxy::Config::new(config.node_name.clone());
+    proxy.table = config.proxy_table.clone();
+    for problem in berth_proxy::host::check(&proxy.nft).await {
+        tracing::warn!(%problem, "service proxy: the host lacks something");
+    }
+    tracing::info!(table = %proxy.table, "service proxy: nftables");
+    tokio::spawn(berth_proxy::run(ctx.client.clone(), proxy));
 }
 
 /// Reads every endpoint's status once, concurrently (each bounded by the probe timeout).

@@ -16,8 +16,8 @@
 //! handlers = ["runc"]                   # for runtimes whose Status lists no handlers
 //! ```
 //!
-//! The file may also set `image_gc_high_threshold`, `image_gc_low_threshold` and `root_dir`, as
-//! the flags of the same names do. Flags override the file. `--container-runtime-endpoint` takes
+//! The file may also set `image_gc_high_threshold`, `image_gc_low_threshold`, `root_dir`,
+//! `proxy_mode`, `proxy_table`, `cluster_dns` and `cluster_domain`, as the flags of the same names do. Flags override the file. `--container-runtime-endpoint` takes
 //! the seed's `workloadType:name:endpoint;…` list; a bare endpoint (`unix:///run/x.sock`) is one
 //! `container` endpoint named [`BARE_ENDPOINT_NAME`]. Without any endpoint the agent uses berth's
 //! runtime at [`DEFAULT_ENDPOINT`], named [`DEFAULT_ENDPOINT_NAME`].
@@ -44,6 +44,31 @@ pub const CONTAINER: &str = "container";
 /// kubelet's defaults for `--image-gc-high-threshold` / `--image-gc-low-threshold`.
 pub const DEFAULT_IMAGE_GC_HIGH: u8 = 85;
 pub const DEFAULT_IMAGE_GC_LOW: u8 = 80;
+/// The nftables table the Service proxy owns by default.
+pub const DEFAULT_PROXY_TABLE: &str = "berth";
+/// kubelet's `--cluster-domain` as every cluster sets it.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// How the agent proxies Services (kube-proxy's `--proxy-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    /// Services as nftables rules in the agent's own table.
+    Nftables,
+    /// No proxy on this node (another one runs, or none is wanted).
+    None,
+}
+
+impl std::str::FromStr for ProxyMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ProxyMode, String> {
+        match s {
+            "nftables" => Ok(ProxyMode::Nftables),
+            "none" => Ok(ProxyMode::None),
+            other => Err(format!("{other:?} is not a proxy mode (nftables or none)")),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -102,6 +127,10 @@ pub struct Flags {
     pub image_gc_high_threshold: Option<u8>,
     pub image_gc_low_threshold: Option<u8>,
     pub root_dir: Option<PathBuf>,
+    pub proxy_mode: Option<ProxyMode>,
+    pub proxy_table: Option<String>,
+    pub cluster_dns: Option<Vec<String>>,
+    pub cluster_domain: Option<String>,
 }
 
 /// The config file as written.
@@ -115,6 +144,10 @@ pub struct FileConfig {
     pub image_gc_high_threshold: Option<u8>,
     pub image_gc_low_threshold: Option<u8>,
     pub root_dir: Option<PathBuf>,
+    pub proxy_mode: Option<ProxyMode>,
+    pub proxy_table: Option<String>,
+    pub cluster_dns: Option<Vec<String>>,
+    pub cluster_domain: Option<String>,
     pub endpoints: Option<Vec<EndpointConfig>>,
 }
 
@@ -157,6 +190,14 @@ pub struct Config {
     pub endpoints: Vec<EndpointConfig>,
     /// The file re-read on change, if any.
     pub config_file: Option<PathBuf>,
+    pub proxy_mode: ProxyMode,
+    /// The nftables table (family `ip`) the Service proxy owns; two clusters on one host need two.
+    pub proxy_table: String,
+    /// The cluster DNS servers pods with `dnsPolicy: ClusterFirst` use (kubelet's `--cluster-dns`);
+    /// empty: they use the node's resolver, as kubelet does without the flag.
+    pub cluster_dns: Vec<std::net::IpAddr>,
+    /// The cluster's DNS domain (kubelet's `--cluster-domain`).
+    pub cluster_domain: String,
 }
 
 impl Config {
@@ -214,6 +255,24 @@ impl Config {
         if port == 0 {
             return Err(invalid("--port", "must be between 1 and 65535"));
         }
+        let proxy_table = flags.proxy_table.clone().or(file.proxy_table).unwrap_or_else(|| DEFAULT_PROXY_TABLE.into());
+        if proxy_table.is_empty()
+            || proxy_table.len() > 64
+            || !proxy_table.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid("--proxy-table", format!("{proxy_table:?} must be 1-64 letters, digits, '-' or '_'")));
+        }
+        let mut cluster_dns = Vec::new();
+        for ip in flags.cluster_dns.clone().or(file.cluster_dns).unwrap_or_default() {
+            let ip = ip.trim();
+            cluster_dns.push(ip.parse().map_err(|_| invalid("--cluster-dns", format!("{ip:?} is not an IP address")))?);
+        }
+        let cluster_domain =
+            flags.cluster_domain.clone().or(file.cluster_domain).unwrap_or_else(|| DEFAULT_CLUSTER_DOMAIN.into());
+        let cluster_domain = cluster_domain.trim_end_matches('.').to_string();
+        if let Some(reason) = dns_subdomain_problem(&cluster_domain) {
+            return Err(invalid("--cluster-domain", format!("{cluster_domain:?} {reason}")));
+        }
         Ok(Config {
             node_name,
             kubeconfig: flags.kubeconfig.clone().or(file.kubeconfig),
@@ -224,6 +283,10 @@ impl Config {
             root_dir: flags.root_dir.clone().or(file.root_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT_DIR)),
             endpoints,
             config_file: flags.config.clone(),
+            proxy_mode: flags.proxy_mode.or(file.proxy_mode).unwrap_or(ProxyMode::Nftables),
+            proxy_table,
+            cluster_dns,
+            cluster_domain,
         })
     }
 
@@ -242,6 +305,18 @@ impl Config {
         }
         if self.root_dir != other.root_dir {
             changed.push("root_dir");
+        }
+        if self.proxy_mode != other.proxy_mode {
+            changed.push("proxy_mode");
+        }
+        if self.proxy_table != other.proxy_table {
+            changed.push("proxy_table");
+        }
+        if self.cluster_dns != other.cluster_dns {
+            changed.push("cluster_dns");
+        }
+        if self.cluster_domain != other.cluster_domain {
+            changed.push("cluster_domain");
         }
         changed
     }

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod config;
 pub mod endpoint;
 pub mod http;
+pub mod network;
 pub mod node;
 pub mod pods;
 pub mod runtimes;

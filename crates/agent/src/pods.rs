@@ -33,6 +33,7 @@ mod worker;
 pub use mount::unmount_all_under;
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -61,6 +62,10 @@ pub struct Settings {
     pub pod_log_dir: PathBuf,
     /// `(high, low)` image GC thresholds in percent as configured now (they follow config reloads).
     pub image_gc_thresholds: Box<dyn Fn() -> (u8, u8) + Send + Sync>,
+    /// `--cluster-dns`: the cluster DNS servers of `ClusterFirst` pods (empty: none).
+    pub cluster_dns: Vec<IpAddr>,
+    /// `--cluster-domain`.
+    pub cluster_domain: String,
 }
 
 /// Why the pod workers stopped.
@@ -182,7 +187,16 @@ fn changed_for_worker(old: &core::Pod, new: &core::Pod) -> bool {
 
 /// Runs the pod workers until dropped.
 pub async fn run(settings: Settings) -> Result<(), Error> {
-    let Settings { client, node_name, runtimes, root_dir, pod_log_dir, image_gc_thresholds } = settings;
+    let Settings {
+        client,
+        node_name,
+        runtimes,
+        root_dir,
+        pod_log_dir,
+        image_gc_thresholds,
+        cluster_dns,
+        cluster_domain,
+    } = settings;
     let mut tasks = Tasks::default();
 
     let (runtime_classes, writer) = reflector::store::<RuntimeClass>();
@@ -205,7 +219,11 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         runtime_classes: runtime_classes.clone(),
         root_dir,
         pod_log_dir,
-        host_dns: dns::HostDns::from_host(),
+        dns: dns::NodeDns {
+            host: dns::HostDns::from_host(),
+            cluster_servers: cluster_dns.iter().map(ToString::to_string).collect(),
+            cluster_domain,
+        },
         host_ips: RwLock::new(local_ips()),
         events: berth_events::Recorder::spawn(
             client.clone(),

@@ -131,6 +131,8 @@ impl Cluster {
             root_dir: root.join("root"),
             pod_log_dir: root.join("logs"),
             image_gc_thresholds: Box::new(|| (85, 80)),
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".into(),
         };
         let workers = tokio::spawn(async move {
             if let Err(e) = pods::run(settings).await {

@@ -12,7 +12,7 @@
 //!
 //! Where Kubernetes 1.33 is stricter than a kubelet needs here, berth follows the system:node
 //! role instead: a node may get, list and watch every Node and Pod, list and watch namespaces,
-//! services and endpoints, delete its own Node, and list or watch its own Lease by name.
+//! services, endpoints and EndpointSlices (the agent is the node's Service proxy), delete its own Node, and list or watch its own Lease by name.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -249,9 +249,10 @@ fn authorize_node(node: &str, r: &ResourceRequest, graph: &dyn NodeGraph) -> Dec
             _ => deny(""),
         },
         ("", "events") | ("events.k8s.io", "events") => static_rule(&["create", "update", "patch"]),
-        ("", "services" | "endpoints" | "namespaces") | ("node.k8s.io", "runtimeclasses") => {
-            static_rule(&["get", "list", "watch"])
-        }
+        // EndpointSlices: the agent is also the node's Service proxy (system:node-proxier's reads).
+        ("", "services" | "endpoints" | "namespaces")
+        | ("node.k8s.io", "runtimeclasses")
+        | ("discovery.k8s.io", "endpointslices") => static_rule(&["get", "list", "watch"]),
         ("authentication.k8s.io", "tokenreviews") => static_rule(&["create"]),
         ("", "serviceaccounts") => create_token(node, r, graph),
         _ => deny(""),
@@ -798,6 +799,7 @@ mod tests {
             (Method::GET, "/apis/node.k8s.io/v1/runtimeclasses/gvisor"),
             (Method::GET, "/api/v1/namespaces"),
             (Method::GET, "/api/v1/namespaces/default/services"),
+            (Method::GET, "/apis/discovery.k8s.io/v1/endpointslices"),
         ] {
             assert_eq!(as_node_a(method.clone(), path), Decision::Allow, "{method} {path}");
         }
@@ -805,6 +807,7 @@ mod tests {
             (Method::GET, "/api/v1/namespaces/default/events"),
             (Method::POST, "/apis/node.k8s.io/v1/runtimeclasses"),
             (Method::DELETE, "/api/v1/namespaces/default"),
+            (Method::POST, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"),
         ] {
             assert_eq!(as_node_a(method.clone(), path), deny(""), "{method} {path}");
         }

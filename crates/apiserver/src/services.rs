@@ -610,6 +610,89 @@ pub async fn ensure_kubernetes_service(state: &ApiState, address: IpAddr, secure
     .await
 }
 
+/// The cluster DNS Service's name in `kube-system`, as kubeadm and e2e tests know it.
+pub const CLUSTER_DNS_SERVICE: &str = "kube-dns";
+
+/// Creates `kube-system/kube-dns` (ClusterIP `ip`, port 53 over UDP and TCP, no selector) if it is
+/// missing, and points its Endpoints and EndpointSlice at this server's DNS listener
+/// (`address:port`), keeping those of other API servers on the same store.
+pub async fn ensure_cluster_dns_service(state: &ApiState, ip: Ipv4Addr, address: IpAddr, port: u16) -> ApiResult<()> {
+    let name = CLUSTER_DNS_SERVICE;
+    let ns = "kube-system";
+    let key = objects::key(&SERVICES, Some(ns), name);
+    if state.store.get(&key).await.map_err(|e| ApiError::from_store(e, &SERVICES, name))?.is_none() {
+        let mut obj = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "uid": uuid::Uuid::new_v4().to_string(),
+                "creationTimestamp": objects::now_rfc3339(),
+                "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "berth-dns", "kubernetes.io/cluster-service": "true"},
+            },
+            "spec": {
+                "type": "ClusterIP",
+                "clusterIP": ip.to_string(),
+                "ports": [
+                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": port},
+                    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": port},
+                ],
+                "sessionAffinity": "None",
+            },
+        });
+        berth_api::kinds::prepare_for_create(&SERVICES, &mut obj);
+        let made = allocate(state, &mut obj, None).await?;
+        if let Err(e) = state.store.create(&key, objects::encode(&SERVICES, &obj)).await {
+            undo(state, &made).await;
+            if !matches!(e, StoreError::AlreadyExists { .. }) {
+                return Err(ApiError::from_store(e, &SERVICES, name));
+            }
+        }
+    }
+    let addr = address.to_string();
+    let ports =
+        json!([{"name": "dns", "port": port, "protocol": "UDP"}, {"name": "dns-tcp", "port": port, "protocol": "TCP"}]);
+    let endpoints = json!({
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": name, "namespace": ns,
+            "labels": {"k8s-app": "kube-dns", "endpointslice.kubernetes.io/skip-mirror": "true"}},
+        "subsets": [{"addresses": [{"ip": addr}], "ports": ports}],
+    });
+    put(state, &ENDPOINTS, endpoints, |want, have| {
+        if have.pointer("/subsets/0/ports") != want.pointer("/subsets/0/ports") {
+            have["subsets"] = want["subsets"].clone();
+            return;
+        }
+        let a = json!({"ip": addr});
+        add_address(have.pointer_mut("/subsets/0/addresses"), &a, |x| x["ip"] == a["ip"]);
+    })
+    .await?;
+    let address_type = if address.is_ipv4() { "IPv4" } else { "IPv6" };
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": ns, "labels": {
+            "kubernetes.io/service-name": name, "k8s-app": "kube-dns",
+            "endpointslice.kubernetes.io/managed-by": "berth-apiserver"}},
+        "addressType": address_type,
+        "endpoints": [{"addresses": [addr], "conditions": {"ready": true}}],
+        "ports": ports,
+    });
+    put(state, &ENDPOINTSLICES, slice, |want, have| {
+        if have.get("ports") != want.get("ports") || have.get("addressType") != want.get("addressType") {
+            have["ports"] = want["ports"].clone();
+            have["addressType"] = want["addressType"].clone();
+            have["endpoints"] = want["endpoints"].clone();
+            return;
+        }
+        let endpoint = json!({"addresses": [addr], "conditions": {"ready": true}});
+        add_address(have.get_mut("endpoints"), &endpoint, |e| e["addresses"] == endpoint["addresses"]);
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

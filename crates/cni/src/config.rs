@@ -1,5 +1,6 @@
-//! CNI network configuration: loading and validating the first config of a directory, and writing
-//! berth's default conflist into a directory that has none.
+//! CNI network configuration: loading and validating the first config of a directory, writing
+//! berth's default conflist into a directory that has none, and moving berth's default network
+//! to the node's pod CIDR ([`follow_pod_cidr`]).
 //!
 //! As the CNI spec's runtimes do, the config directory is read in lexical order of file names and
 //! the first `*.conflist`, `*.conf` or `*.json` file is the network. A `.conf`/`.json` file holding a
@@ -43,6 +44,9 @@ pub enum ConfigError {
     /// The file is JSON but not a usable network config.
     #[error("invalid CNI config {path:?}: {reason}")]
     Invalid { path: PathBuf, reason: String },
+    /// A pod CIDR to follow names no IPv4 subnet.
+    #[error("pod CIDR {cidr:?} has no IPv4 subnet such as 10.244.1.0/24")]
+    PodCidr { cidr: String },
     /// The default config could not be written.
     #[error("writing CNI config {path:?}")]
     Write {
@@ -257,6 +261,8 @@ impl DefaultNetwork {
                     "isGateway": true,
                     "ipMasq": self.ip_masq,
                     "hairpinMode": true,
+                    // The gateway address follows the subnet when it moves to the node's pod CIDR.
+                    "forceAddress": true,
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{ "subnet": self.subnet }]],
@@ -270,6 +276,23 @@ impl DefaultNetwork {
     }
 }
 
+impl DefaultNetwork {
+    /// The settings of a conflist that is exactly what berth writes for some settings, or `None`
+    /// for anything else: a config someone wrote or edited is theirs, and berth leaves it alone.
+    pub fn recognize(conflist: &Value) -> Option<DefaultNetwork> {
+        let bridge = conflist.get("plugins")?.get(0)?;
+        let ipam = bridge.get("ipam")?;
+        let network = DefaultNetwork {
+            name: conflist.get("name")?.as_str()?.to_string(),
+            bridge: bridge.get("bridge")?.as_str()?.to_string(),
+            subnet: ipam.get("ranges")?.get(0)?.get(0)?.get("subnet")?.as_str()?.to_string(),
+            ipam_data_dir: PathBuf::from(ipam.get("dataDir")?.as_str()?),
+            ip_masq: bridge.get("ipMasq")?.as_bool()?,
+        };
+        (network.conflist() == *conflist).then_some(network)
+    }
+}
+
 /// Writes `10-berth.conflist` for `network` into `conf_dir` when the directory has no config.
 ///
 /// Returns the path written, or `None` when a config was already there. The file appears
@@ -279,23 +302,85 @@ pub fn write_default(conf_dir: &Path, network: &DefaultNetwork) -> Result<Option
         return Ok(None);
     }
     let path = conf_dir.join(DEFAULT_CONFLIST_NAME);
-    let write_err = |source| ConfigError::Write { path: path.clone(), source };
-    std::fs::create_dir_all(conf_dir).map_err(write_err)?;
-    let mut text = serde_json::to_vec_pretty(&network.conflist()).map_err(|e| write_err(e.into()))?;
-    text.push(b'\n');
-    let mut tmp = tempfile_in(conf_dir).map_err(write_err)?;
-    tmp.1.write_all(&text).and_then(|()| tmp.1.sync_all()).map_err(write_err)?;
-    std::fs::rename(&tmp.0, &path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp.0);
-        write_err(e)
-    })?;
+    write_network(&path, network)?;
     tracing::info!(path = %path.display(), bridge = %network.bridge, subnet = %network.subnet, "wrote default CNI config");
     Ok(Some(path))
 }
 
+/// Writes `network`'s conflist to `path` atomically (written aside, then renamed).
+pub fn write_network(path: &Path, network: &DefaultNetwork) -> Result<(), ConfigError> {
+    let write_err = |source| ConfigError::Write { path: path.to_owned(), source };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(write_err)?;
+    let mut text = serde_json::to_vec_pretty(&network.conflist()).map_err(|e| write_err(e.into()))?;
+    text.push(b'\n');
+    let mut tmp = tempfile_in(dir).map_err(write_err)?;
+    tmp.1.write_all(&text).and_then(|()| tmp.1.sync_all()).map_err(write_err)?;
+    std::fs::rename(&tmp.0, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp.0);
+        write_err(e)
+    })
+}
+
+/// What [`follow_pod_cidr`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodCidrOutcome {
+    /// berth's default network in this file now hands out addresses from the pod CIDR.
+    Moved { path: PathBuf, from: String },
+    /// berth's default network in this file already used the pod CIDR.
+    Unchanged { path: PathBuf },
+    /// The network in use is not berth's default: its own range stays.
+    NotDefault { path: PathBuf },
+    /// There was no config: berth's default was written with the pod CIDR.
+    Written { path: PathBuf },
+}
+
+/// Moves berth's default network to the node's pod CIDR: when the network in use (the first
+/// config of `conf_dir`) is exactly a conflist berth writes, it is rewritten atomically with
+/// `subnet`, so the next sandbox gets an address of the node's range; an empty directory gets
+/// `fallback` with `subnet`. Anyone else's config is left as it is.
+///
+/// `subnet` is the CRI `podCIDR`: one CIDR, or several comma-separated (dual stack), of which
+/// the first IPv4 one is used.
+pub fn follow_pod_cidr(
+    conf_dir: &Path,
+    fallback: &DefaultNetwork,
+    subnet: &str,
+) -> Result<PodCidrOutcome, ConfigError> {
+    let subnet = ipv4_subnet(subnet).ok_or_else(|| ConfigError::PodCidr { cidr: subnet.to_string() })?;
+    let Some(path) = config_files(conf_dir)?.into_iter().next() else {
+        let path = conf_dir.join(DEFAULT_CONFLIST_NAME);
+        write_network(&path, &DefaultNetwork { subnet, ..fallback.clone() })?;
+        return Ok(PodCidrOutcome::Written { path });
+    };
+    let bytes = std::fs::read(&path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+    let Some(current) = serde_json::from_slice(&bytes).ok().as_ref().and_then(DefaultNetwork::recognize) else {
+        return Ok(PodCidrOutcome::NotDefault { path });
+    };
+    if current.subnet == subnet {
+        return Ok(PodCidrOutcome::Unchanged { path });
+    }
+    let from = current.subnet.clone();
+    write_network(&path, &DefaultNetwork { subnet, ..current })?;
+    Ok(PodCidrOutcome::Moved { path, from })
+}
+
+/// The first IPv4 `a.b.c.d/n` of a comma-separated list, with its host bits cleared.
+fn ipv4_subnet(list: &str) -> Option<String> {
+    list.split(',').map(str::trim).find_map(|cidr| {
+        let (addr, bits) = cidr.split_once('/')?;
+        let addr: std::net::Ipv4Addr = addr.parse().ok()?;
+        let bits: u32 = bits.parse().ok().filter(|b| (1..=30).contains(b))?;
+        let network = u32::from(addr) & (u32::MAX << (32 - bits));
+        Some(format!("{}/{bits}", std::net::Ipv4Addr::from(network)))
+    })
+}
+
 /// A new file in `dir` whose name the config loader ignores (no config extension).
 fn tempfile_in(dir: &Path) -> io::Result<(PathBuf, std::fs::File)> {
-    let path = dir.join(format!(".{DEFAULT_CONFLIST_NAME}.{}.tmp", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!(".{DEFAULT_CONFLIST_NAME}.{}.{seq}.tmp", std::process::id()));
     let file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&path)?;
     Ok((path, file))
 }
@@ -408,6 +493,73 @@ mod tests {
         write(&conf_dir, "50-mine.conflist", LIST);
         assert_eq!(write_default(&conf_dir, &network).unwrap(), None);
         assert_eq!(load(&conf_dir).unwrap().name, "net-a");
+    }
+
+    fn default_in(dir: &Path) -> DefaultNetwork {
+        DefaultNetwork { ipam_data_dir: dir.join("ipam"), ..DefaultNetwork::default() }
+    }
+
+    fn subnet_of(path: &Path) -> String {
+        let value: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        value["plugins"][0]["ipam"]["ranges"][0][0]["subnet"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn berths_default_network_moves_to_the_pod_cidr_and_keeps_its_other_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("net.d");
+        let network = DefaultNetwork { bridge: "berth7".into(), ..default_in(dir.path()) };
+        let path = write_default(&conf_dir, &network).unwrap().unwrap();
+        let outcome = follow_pod_cidr(&conf_dir, &DefaultNetwork::default(), "10.244.3.0/24").unwrap();
+        assert_eq!(outcome, PodCidrOutcome::Moved { path: path.clone(), from: "10.88.0.0/16".into() });
+        assert_eq!(subnet_of(&path), "10.244.3.0/24");
+        let list = load(&conf_dir).unwrap();
+        assert_eq!(list.plugins[0].raw["bridge"], "berth7");
+        assert_eq!(list.plugins[0].raw["ipam"]["dataDir"], json!(dir.path().join("ipam")));
+        assert_eq!(config_files(&conf_dir).unwrap(), vec![path.clone()], "no temporary file is left");
+        assert_eq!(
+            follow_pod_cidr(&conf_dir, &DefaultNetwork::default(), "10.244.3.0/24").unwrap(),
+            PodCidrOutcome::Unchanged { path }
+        );
+    }
+
+    #[test]
+    fn an_operators_config_keeps_its_range_even_when_it_looks_like_berths() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "10-a.conflist", LIST);
+        let path = dir.path().join("10-a.conflist");
+        let outcome = follow_pod_cidr(dir.path(), &DefaultNetwork::default(), "10.244.3.0/24").unwrap();
+        assert_eq!(outcome, PodCidrOutcome::NotDefault { path: path.clone() });
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), LIST);
+
+        let mut edited = default_in(dir.path()).conflist();
+        edited["plugins"][0]["mtu"] = json!(1400);
+        write(dir.path(), "05-edited.conflist", &edited.to_string());
+        let outcome = follow_pod_cidr(dir.path(), &DefaultNetwork::default(), "10.244.3.0/24").unwrap();
+        assert_eq!(outcome, PodCidrOutcome::NotDefault { path: dir.path().join("05-edited.conflist") });
+        assert_eq!(subnet_of(&dir.path().join("05-edited.conflist")), "10.88.0.0/16");
+    }
+
+    #[test]
+    fn an_empty_directory_gets_the_default_network_in_the_pod_cidr() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("net.d");
+        let outcome = follow_pod_cidr(&conf_dir, &default_in(dir.path()), "10.244.9.0/24").unwrap();
+        let path = conf_dir.join(DEFAULT_CONFLIST_NAME);
+        assert_eq!(outcome, PodCidrOutcome::Written { path: path.clone() });
+        assert_eq!(subnet_of(&path), "10.244.9.0/24");
+    }
+
+    #[test]
+    fn the_first_ipv4_subnet_of_a_dual_stack_pod_cidr_is_used_and_garbage_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf_dir = dir.path().join("net.d");
+        write_default(&conf_dir, &default_in(dir.path())).unwrap();
+        follow_pod_cidr(&conf_dir, &DefaultNetwork::default(), "fd00:1::/64, 10.244.5.0/24").unwrap();
+        assert_eq!(subnet_of(&conf_dir.join(DEFAULT_CONFLIST_NAME)), "10.244.5.0/24");
+        let err = follow_pod_cidr(&conf_dir, &DefaultNetwork::default(), "fd00:1::/64").unwrap_err();
+        assert!(err.to_string().contains("has no IPv4 subnet"), "{err}");
+        assert!(follow_pod_cidr(&conf_dir, &DefaultNetwork::default(), "10.244.5.0").is_err());
     }
 
     #[test]

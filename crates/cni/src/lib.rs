@@ -11,7 +11,7 @@ pub mod netns;
 pub mod result;
 
 pub use cni::{Attachment, Cni, CniError, Command, NetworkStatus, PortMapping, SandboxNetwork};
-pub use config::{ConfigError, DefaultNetwork, NetworkConfigList, write_default};
+pub use config::{ConfigError, DefaultNetwork, NetworkConfigList, PodCidrOutcome, follow_pod_cidr, write_default};
 pub use exec::{PluginOutput, PluginRunner, ProcessRunner};
 pub use netns::{KernelNetns, NetnsError, NetnsOps, RecordingNetns};
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};

@@ -1,6 +1,6 @@
 //! The controllers of the control plane (ReplicaSet, ReplicationController, Deployment, garbage collector,
-//! node lifecycle, namespace, EndpointSlice, Endpoints, ServiceAccount, root CA publisher), through the
-//! Kubernetes API only.
+//! node lifecycle, node IPAM, namespace, EndpointSlice, Endpoints, ServiceAccount, root CA publisher),
+//! through the Kubernetes API only.
 //!
 //! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
 //! on kube's controller runtime (reflectors, `Controller`, reconcile → `Action`), with its
@@ -12,6 +12,7 @@ pub mod deployment;
 pub mod endpoints;
 pub mod garbage_collector;
 pub mod namespace;
+pub mod node_ipam;
 pub mod node_lifecycle;
 pub(crate) mod per_namespace;
 pub mod replicaset;
@@ -38,6 +39,7 @@ pub const CONTROLLERS: &[&str] = &[
     "deployment",
     "garbagecollector",
     "nodelifecycle",
+    "nodeipam",
     "namespace",
     "endpointslice",
     "endpoint",
@@ -61,7 +63,19 @@ pub struct Config {
     /// The cluster's CA bundle (PEM) that the root CA publisher puts in every namespace
     /// (`--root-ca-file`); without it the publisher does not run.
     pub root_ca: Option<String>,
+    /// Whether Nodes get pod CIDRs from `cluster_cidr` (`--allocate-node-cidrs`); without it the
+    /// node IPAM controller does not run.
+    pub allocate_node_cidrs: bool,
+    /// The range node pod CIDRs are cut from (`--cluster-cidr`).
+    pub cluster_cidr: node_ipam::Ipv4Net,
+    /// The prefix length of each node's block (`--node-cidr-mask-size`).
+    pub node_cidr_mask_size: u8,
 }
+
+/// The cluster CIDR when none is given, as kubeadm and flannel use it.
+pub const DEFAULT_CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The node CIDR mask size when none is given, as kube-controller-manager's for IPv4.
+pub const DEFAULT_NODE_CIDR_MASK_SIZE: u8 = 24;
 
 impl Default for Config {
     fn default() -> Self {
@@ -70,6 +84,9 @@ impl Default for Config {
             node_monitor_period: Duration::from_secs(5),
             node_eviction_rate: 0.1,
             root_ca: None,
+            allocate_node_cidrs: false,
+            cluster_cidr: DEFAULT_CLUSTER_CIDR.parse().expect("the default cluster CIDR parses"),
+            node_cidr_mask_size: DEFAULT_NODE_CIDR_MASK_SIZE,
         }
     }
 }
@@ -157,6 +174,11 @@ pub async fn run(ctx: Arc<Context>, enabled: &BTreeSet<&'static str>) {
             "deployment" => tasks.spawn(deployment::run(ctx)),
             "garbagecollector" => tasks.spawn(garbage_collector::run(ctx)),
             "nodelifecycle" => tasks.spawn(node_lifecycle::run(ctx)),
+            "nodeipam" if !ctx.config.allocate_node_cidrs => {
+                tracing::info!(controller = name, "--allocate-node-cidrs is off: controller not started");
+                continue;
+            }
+            "nodeipam" => tasks.spawn(node_ipam::run(ctx)),
             "namespace" => tasks.spawn(namespace::run(ctx)),
             "endpointslice" => tasks.spawn(endpoints::run_endpoint_slices(ctx)),
             "endpoint" => tasks.spawn(endpoints::run_endpoints(ctx)),

@@ -142,6 +142,26 @@ async fn status_lists_every_configured_handler_and_the_network_of_the_default_co
 }
 
 #[tokio::test]
+async fn the_node_pod_cidr_moves_the_default_conflist_and_garbage_is_invalid() {
+    let s = Server::start().await;
+    let mut rt = s.runtime().await;
+    let update = |cidr: &str| cri::UpdateRuntimeConfigRequest {
+        runtime_config: Some(cri::RuntimeConfig { network_config: Some(cri::NetworkConfig { pod_cidr: cidr.into() }) }),
+    };
+    rt.update_runtime_config(update("10.244.7.0/24")).await.unwrap();
+    let text = std::fs::read_to_string(s.dir.path().join("cni/10-berth.conflist")).unwrap();
+    let conflist: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(conflist["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.244.7.0/24");
+    let r = rt.status(cri::StatusRequest { verbose: true }).await.unwrap().into_inner();
+    let config: serde_json::Value = serde_json::from_str(&r.info["config"]).unwrap();
+    assert_eq!(config["podCIDR"], "10.244.7.0/24");
+    let e = rt.update_runtime_config(update("not-a-cidr")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("\"not-a-cidr\""), "{}", e.message());
+    s.shutdown().await;
+}
+
+#[tokio::test]
 async fn unserved_rpcs_answer_unimplemented_and_a_config_less_sandbox_is_invalid() {
     let s = Server::start().await;
     let mut rt = s.runtime().await;

@@ -1,6 +1,6 @@
 //! A pod's DNS configuration (`dnsPolicy`, `dnsConfig`) as CRI `DNSConfig`, the way kubelet builds
-//! it. Cluster DNS is not part of this wave, so `ClusterFirst` falls back to the node's resolver
-//! (kubelet does the same when started without `--cluster-dns`).
+//! it: `ClusterFirst` pods ask the cluster DNS and search their namespace's Services first; without
+//! `--cluster-dns` they use the node's resolver, as kubelet does.
 
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
@@ -41,12 +41,36 @@ impl HostDns {
     }
 }
 
-/// The CRI DNS config for a pod on a node whose resolver is `host`.
-pub fn dns_config(spec: &core::PodSpec, host: &HostDns) -> cri::DnsConfig {
+/// The node's resolver and the cluster's DNS, as pods on this node see them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeDns {
+    pub host: HostDns,
+    /// The cluster DNS servers (`--cluster-dns`); empty when there is none.
+    pub cluster_servers: Vec<String>,
+    /// `--cluster-domain`, e.g. `cluster.local`.
+    pub cluster_domain: String,
+}
+
+/// The CRI DNS config for a pod in `namespace` on a node with `dns`.
+pub fn dns_config(spec: &core::PodSpec, namespace: &str, dns: &NodeDns) -> cri::DnsConfig {
+    let host = &dns.host;
     let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
+    let host_network = spec.host_network == Some(true);
+    // kubelet: a host-network pod asks the cluster DNS only with ClusterFirstWithHostNet.
+    let cluster = match policy {
+        "ClusterFirst" => !host_network,
+        "ClusterFirstWithHostNet" => true,
+        _ => false,
+    } && !dns.cluster_servers.is_empty();
     let mut dns = match policy {
         "None" => cri::DnsConfig::default(),
-        // Default, ClusterFirst and ClusterFirstWithHostNet without cluster DNS: the node's resolver.
+        _ if cluster => {
+            let domain = &dns.cluster_domain;
+            let mut searches = vec![format!("{namespace}.svc.{domain}"), format!("svc.{domain}"), domain.clone()];
+            searches.extend(host.searches.iter().filter(|s| !searches.contains(s)).cloned().collect::<Vec<_>>());
+            cri::DnsConfig { servers: dns.cluster_servers.clone(), searches, options: vec!["ndots:5".into()] }
+        }
+        // Default, and the cluster policies without cluster DNS: the node's resolver.
         _ => cri::DnsConfig {
             servers: host.servers.clone(),
             searches: host.searches.clone(),
@@ -84,10 +108,17 @@ pub fn dns_config(spec: &core::PodSpec, host: &HostDns) -> cri::DnsConfig {
 mod tests {
     use super::*;
 
-    fn host() -> HostDns {
-        HostDns::parse(
-            "# generated\nnameserver 10.0.0.2\nnameserver 10.0.0.3 ; second\nsearch corp.example example\noptions ndots:2 edns0\n",
-        )
+    fn host() -> NodeDns {
+        NodeDns {
+            host: HostDns::parse(
+                "# generated\nnameserver 10.0.0.2\nnameserver 10.0.0.3 ; second\nsearch corp.example example\noptions ndots:2 edns0\n",
+            ),
+            ..NodeDns::default()
+        }
+    }
+
+    fn cluster() -> NodeDns {
+        NodeDns { cluster_servers: vec!["10.96.0.10".into()], cluster_domain: "cluster.local".into(), ..host() }
     }
 
     fn pod(policy: Option<&str>, config: Option<core::PodDNSConfig>) -> core::PodSpec {
@@ -109,7 +140,7 @@ mod tests {
     #[test]
     fn cluster_first_without_cluster_dns_and_default_use_the_nodes_resolver() {
         for policy in [None, Some("ClusterFirst"), Some("Default"), Some("ClusterFirstWithHostNet")] {
-            let dns = dns_config(&pod(policy, None), &host());
+            let dns = dns_config(&pod(policy, None), "ns", &host());
             assert_eq!(dns.servers, vec!["10.0.0.2", "10.0.0.3"], "{policy:?}");
             assert_eq!(dns.searches, vec!["corp.example", "example"]);
             assert_eq!(dns.options, vec!["ndots:2", "edns0"]);
@@ -123,11 +154,11 @@ mod tests {
             searches: Some(vec!["ns1.svc.example".into()]),
             options: Some(vec![option("ndots", Some("5"))]),
         };
-        let dns = dns_config(&pod(Some("None"), Some(config)), &host());
+        let dns = dns_config(&pod(Some("None"), Some(config)), "ns", &host());
         assert_eq!(dns.servers, vec!["192.0.2.1"]);
         assert_eq!(dns.searches, vec!["ns1.svc.example"]);
         assert_eq!(dns.options, vec!["ndots:5"]);
-        assert_eq!(dns_config(&pod(Some("None"), None), &host()), cri::DnsConfig::default());
+        assert_eq!(dns_config(&pod(Some("None"), None), "ns", &host()), cri::DnsConfig::default());
     }
 
     #[test]
@@ -137,9 +168,30 @@ mod tests {
             searches: Some(vec!["extra".into()]),
             options: Some(vec![option("ndots", Some("1")), option("single-request", None)]),
         };
-        let dns = dns_config(&pod(Some("Default"), Some(config)), &host());
+        let dns = dns_config(&pod(Some("Default"), Some(config)), "ns", &host());
         assert_eq!(dns.servers, vec!["10.0.0.2", "10.0.0.3", "192.0.2.1"]);
         assert_eq!(dns.searches, vec!["corp.example", "example", "extra"]);
         assert_eq!(dns.options, vec!["edns0", "ndots:1", "single-request"]);
+    }
+
+    #[test]
+    fn cluster_first_pods_ask_the_cluster_dns_and_search_their_namespace_first() {
+        let dns = dns_config(&pod(None, None), "team", &cluster());
+        assert_eq!(dns.servers, vec!["10.96.0.10"]);
+        assert_eq!(
+            dns.searches,
+            vec!["team.svc.cluster.local", "svc.cluster.local", "cluster.local", "corp.example", "example"]
+        );
+        assert_eq!(dns.options, vec!["ndots:5"]);
+    }
+
+    #[test]
+    fn host_network_pods_ask_the_cluster_dns_only_with_cluster_first_with_host_net() {
+        let mut spec = pod(Some("ClusterFirst"), None);
+        spec.host_network = Some(true);
+        assert_eq!(dns_config(&spec, "ns", &cluster()).servers, vec!["10.0.0.2", "10.0.0.3"]);
+        spec.dns_policy = Some("ClusterFirstWithHostNet".into());
+        assert_eq!(dns_config(&spec, "ns", &cluster()).servers, vec!["10.96.0.10"]);
+        assert_eq!(dns_config(&pod(Some("Default"), None), "ns", &cluster()).servers, vec!["10.0.0.2", "10.0.0.3"]);
     }
 }

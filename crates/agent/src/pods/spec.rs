@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
 
-use super::dns::{self, HostDns};
+use super::dns::{self, NodeDns};
 use super::labels;
 use super::resources;
 
@@ -101,7 +101,7 @@ pub fn sandbox_config(
     pod: &core::Pod,
     attempt: u32,
     log_root: &Path,
-    host_dns: &HostDns,
+    dns: &NodeDns,
     cgroup_parent: &str,
 ) -> cri::PodSandboxConfig {
     let (name, namespace, uid) = metadata(pod);
@@ -130,7 +130,7 @@ pub fn sandbox_config(
         }),
         hostname: hostname(pod),
         log_directory: pod_log_directory(log_root, namespace, name, uid).display().to_string(),
-        dns_config: Some(dns::dns_config(spec, host_dns)),
+        dns_config: Some(dns::dns_config(spec, namespace, dns)),
         port_mappings,
         labels: node_label(pod, labels::sandbox_labels(pod.metadata.labels.as_ref(), name, namespace, uid)),
         annotations: pod.metadata.annotations.iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -338,7 +338,10 @@ mod tests {
 
     #[test]
     fn the_sandbox_carries_kubelets_identity_labels_log_directory_and_namespaces() {
-        let host = HostDns { servers: vec!["10.0.0.2".into()], ..Default::default() };
+        let host = NodeDns {
+            host: dns::HostDns { servers: vec!["10.0.0.2".into()], ..Default::default() },
+            ..Default::default()
+        };
         let cfg = sandbox_config(&pod(), 2, Path::new("/var/log/pods"), &host, "/kubepods/burstable/podu-1");
         let m = cfg.metadata.as_ref().unwrap();
         assert_eq!((m.name.as_str(), m.namespace.as_str(), m.uid.as_str(), m.attempt), ("web", "prod", "u-1", 2));

@@ -41,7 +41,7 @@ use super::actions::{self, Action, Outcome, Target};
 use super::backoff::{self, Backoff};
 use super::cgroups::{self, Cgroups};
 use super::cri::{self as cricalls, CriError};
-use super::dns::HostDns;
+use super::dns::NodeDns;
 use super::env::{self, PodContext, Sources};
 use super::hosts;
 use super::images::{self, PullPolicy};
@@ -88,7 +88,7 @@ pub struct Context {
     pub runtime_classes: Store<RuntimeClass>,
     pub root_dir: PathBuf,
     pub pod_log_dir: PathBuf,
-    pub host_dns: HostDns,
+    pub dns: NodeDns,
     /// The node's addresses (InternalIP first), for `hostIP(s)` and host-network pods.
     pub host_ips: RwLock<Vec<String>>,
     pub events: Recorder,
@@ -874,13 +874,8 @@ impl Worker {
         let ready = sandboxes.iter().find(|s| s.state == cri::PodSandboxState::SandboxReady as i32);
         if let Some(found) = ready {
             let attempt = found.metadata.as_ref().map_or(0, |m| m.attempt);
-            let config = spec::sandbox_config(
-                &self.pod,
-                attempt,
-                &self.ctx.pod_log_dir,
-                &self.ctx.host_dns,
-                &self.cgroup_path(),
-            );
+            let config =
+                spec::sandbox_config(&self.pod, attempt, &self.ctx.pod_log_dir, &self.ctx.dns, &self.cgroup_path());
             let ips = sandbox_ips(cricalls::sandbox_status(ep, &found.id).await?.as_ref());
             tracing::info!(pod = %self.pod_ref(), sandbox = %found.id, "found the pod's sandbox");
             self.set_sandbox(Sandbox { id: found.id.clone(), config, ips, ready: true });
@@ -910,7 +905,7 @@ impl Worker {
         }
         let attempt = sandboxes.first().map_or(0, |s| s.metadata.as_ref().map_or(0, |m| m.attempt) + 1);
         let cgroup = self.create_cgroup();
-        let config = spec::sandbox_config(&self.pod, attempt, &self.ctx.pod_log_dir, &self.ctx.host_dns, &cgroup);
+        let config = spec::sandbox_config(&self.pod, attempt, &self.ctx.pod_log_dir, &self.ctx.dns, &cgroup);
         // From here on, a sandbox may exist: later steps list what there is.
         self.nothing_on_node = false;
         let started = std::time::Instant::now();

@@ -41,6 +41,21 @@ pub struct Args {
     /// The agent's state directory; default /var/lib/berth/agent.
     #[arg(long, value_name = "PATH")]
     root_dir: Option<PathBuf>,
+    /// How Services are proxied on this node: `nftables` (default; the agent's own table) or
+    /// `none`.
+    #[arg(long, value_name = "MODE")]
+    proxy_mode: Option<berth_agent::config::ProxyMode>,
+    /// The nftables table (family ip) the Service proxy owns; default `berth`. Two clusters on one
+    /// host need two tables.
+    #[arg(long, value_name = "NAME")]
+    proxy_table: Option<String>,
+    /// Comma-separated cluster DNS server addresses for pods with `dnsPolicy: ClusterFirst`
+    /// (kubelet's flag); default: none, pods use the node's resolver.
+    #[arg(long, value_name = "IPS", value_delimiter = ',')]
+    cluster_dns: Option<Vec<String>>,
+    /// The cluster's DNS domain, searched by pods; default cluster.local.
+    #[arg(long, value_name = "DOMAIN")]
+    cluster_domain: Option<String>,
 }
 
 /// How often the agent gives back free heap and the code pages it touched since (one read of
@@ -63,6 +78,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         image_gc_high_threshold: args.image_gc_high_threshold,
         image_gc_low_threshold: args.image_gc_low_threshold,
         root_dir: absolute(args.root_dir, "--root-dir")?,
+        proxy_mode: args.proxy_mode,
+        proxy_table: args.proxy_table,
+        cluster_dns: args.cluster_dns,
+        cluster_domain: args.cluster_domain,
     };
     // The agent wakes often (pod workers, heartbeats): its heap and code pages are trimmed on a
     // timer rather than when quiet.

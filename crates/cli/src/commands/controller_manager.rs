@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use berth_controllers::node_ipam::{CidrSet, Ipv4Net};
 use berth_controllers::{Config, Context};
 
 use super::leading::{client, lead, parse_go_duration, shutdown_signal};
@@ -16,8 +17,8 @@ const LEASE_NAME: &str = "kube-controller-manager";
 #[derive(clap::Args, Clone, Debug)]
 pub struct ControllerArgs {
     /// Controllers to run: `*` for all, `name` to add one, `-name` to remove one
-    /// (replicaset, replicationcontroller, deployment, garbagecollector, nodelifecycle, namespace,
-    /// endpointslice, endpoint, serviceaccount, root-ca-cert-publisher).
+    /// (replicaset, replicationcontroller, deployment, garbagecollector, nodelifecycle, nodeipam,
+    /// namespace, endpointslice, endpoint, serviceaccount, root-ca-cert-publisher).
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// A node that renews neither its Lease nor its status for this long is unreachable.
@@ -29,18 +30,44 @@ pub struct ControllerArgs {
     /// Nodes whose pods are evicted per second when nodes fail.
     #[arg(long, default_value_t = 0.1)]
     pub node_eviction_rate: f64,
+    /// Give every Node a pod CIDR (spec.podCIDR) from --cluster-cidr (the nodeipam controller).
+    /// Off by default in `berth controller-manager`, as in kube-controller-manager; on by default
+    /// in `berth server`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub allocate_node_cidrs: Option<bool>,
+    /// The IPv4 range Node pod CIDRs are cut from.
+    #[arg(long, default_value = berth_controllers::DEFAULT_CLUSTER_CIDR, value_name = "CIDR",
+        value_parser = parse_cluster_cidr)]
+    pub cluster_cidr: Ipv4Net,
+    /// The prefix length of each Node's pod CIDR; a cluster CIDR at least this long is one block.
+    #[arg(long, default_value_t = berth_controllers::DEFAULT_NODE_CIDR_MASK_SIZE, value_name = "BITS")]
+    pub node_cidr_mask_size: u8,
+}
+
+fn parse_cluster_cidr(text: &str) -> Result<Ipv4Net, String> {
+    text.parse().map_err(|e: berth_controllers::node_ipam::CidrError| e.to_string())
 }
 
 impl ControllerArgs {
     /// The controllers' settings, with the cluster CA bundle (PEM) the root CA publisher puts
-    /// in every namespace, if there is one.
-    pub fn config(&self, root_ca: Option<String>) -> Config {
-        Config {
+    /// in every namespace, if there is one; node CIDRs are allocated when `--allocate-node-cidrs`
+    /// says so, else when `allocate_by_default`. A cluster CIDR and mask size that cannot be
+    /// cut into blocks are an error when allocation is on.
+    pub fn config(&self, root_ca: Option<String>, allocate_by_default: bool) -> anyhow::Result<Config> {
+        let allocate_node_cidrs = self.allocate_node_cidrs.unwrap_or(allocate_by_default);
+        if allocate_node_cidrs {
+            CidrSet::new(self.cluster_cidr, self.node_cidr_mask_size)
+                .map_err(|e| anyhow::anyhow!("--cluster-cidr/--node-cidr-mask-size: {e}"))?;
+        }
+        Ok(Config {
             node_monitor_grace_period: self.node_monitor_grace_period,
             node_monitor_period: self.node_monitor_period,
             node_eviction_rate: self.node_eviction_rate,
             root_ca,
-        }
+            allocate_node_cidrs,
+            cluster_cidr: self.cluster_cidr,
+            node_cidr_mask_size: self.node_cidr_mask_size,
+        })
     }
 }
 
@@ -69,8 +96,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let config = args.controllers.config(root_ca, false)?;
     let client = client(args.kubeconfig.as_deref()).await?;
-    manage(client, args.controllers.config(root_ca), args.leader_elect, enabled, shutdown_signal()).await;
+    manage(client, config, args.leader_elect, enabled, shutdown_signal()).await;
     Ok(())
 }
 

@@ -47,6 +47,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let removed = stop_pods_while_down(&layout, &state.runtime_socket, args.timeout).await?;
             unmount_pod_volumes(&layout);
             remove_bridge(&layout);
+            remove_service_rules(&layout).await;
             println!("berth was down; its runtime stopped and removed {removed} pod(s)");
         } else {
             println!("berth is not up in {}; nothing to stop", layout.data_dir.display());
@@ -75,6 +76,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.stop_pods {
         unmount_pod_volumes(&layout);
         remove_bridge(&layout);
+        remove_service_rules(&layout).await;
         println!("berth is down; every pod was stopped and removed");
     } else {
         println!("berth is down; containers keep running and `berth up{}` picks them up again", layout.flag());
@@ -119,6 +121,15 @@ async fn stop_pods_while_down(layout: &Layout, socket: &Path, timeout: u64) -> a
 fn unmount_pod_volumes(layout: &Layout) {
     if let Err(e) = berth_agent::pods::unmount_all_under(&layout.agent_dir()) {
         eprintln!("cannot unmount the pods' volumes under {}: {e}", layout.agent_dir().display());
+    }
+}
+
+/// Removes the Service proxy's nftables table (the agent leaves it when it stops, so Services keep
+/// working for the containers that keep running).
+async fn remove_service_rules(layout: &Layout) {
+    let table = layout.proxy_table();
+    if let Err(e) = berth_proxy::remove_table(Path::new("nft"), &table).await {
+        eprintln!("cannot remove the service proxy's nftables table {table}: {e}");
     }
 }
 

@@ -9,7 +9,7 @@ use anyhow::Context;
 use berth_apiserver::admission::{Admission, DefaultTolerationSeconds};
 use berth_apiserver::authn::{NODE_TOKEN_FILE, NODE_USER_PREFIX, create_node_token, validate_node_name};
 use berth_apiserver::server::{PreparedServer, ServerConfig};
-use berth_apiserver::services::ServiceNetwork;
+use berth_apiserver::services::{ServiceNetwork, advertise_address, ensure_cluster_dns_service};
 use berth_scheduler::metrics::Metrics as SchedulerMetrics;
 use berth_scheduler::scheduler::Config as SchedulerConfig;
 
@@ -99,6 +99,17 @@ struct ServeArgs {
     /// Do not run the scheduler in this process (run `berth scheduler` instead, or none).
     #[arg(long)]
     no_scheduler: bool,
+    /// Address of the cluster DNS Service (`kube-system/kube-dns`), answered by this server; give
+    /// agents the same `--cluster-dns`. Default: the Service range's tenth address (10.96.0.10).
+    #[arg(long, value_name = "IP")]
+    cluster_dns: Option<std::net::Ipv4Addr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = berth_dns::DEFAULT_ZONE, value_name = "DOMAIN")]
+    cluster_domain: String,
+    /// Port (UDP and TCP) the cluster DNS listens on at the advertise address, the kube-dns
+    /// Service's target port; 0 turns cluster DNS off.
+    #[arg(long, default_value_t = DEFAULT_CLUSTER_DNS_PORT, value_name = "PORT")]
+    cluster_dns_port: u16,
     #[command(flatten)]
     service_accounts: super::server_flags::ServiceAccountArgs,
     #[command(flatten)]
@@ -161,13 +172,70 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
         let root_ca = std::fs::read_to_string(&ca_file)
             .with_context(|| format!("cannot read the cluster CA {}", ca_file.display()))?;
         let client = kube::Client::new(server.local_service(), "default");
-        let (config, leader_elect) = (args.controllers.config(Some(root_ca)), args.scheduling.leader_elect);
+        // Pod networks per node by default: the single binary is the whole cluster.
+        let (config, leader_elect) = (args.controllers.config(Some(root_ca), true)?, args.scheduling.leader_elect);
         parts.push(tokio::spawn(async move { manage(client, config, leader_elect, enabled, shutdown_signal()).await }));
+    }
+    if args.cluster_dns_port != 0 {
+        let ip = args.cluster_dns.unwrap_or_else(|| args.service_cluster_ip_range.nth(9));
+        let advertise = cfg.advertise_address.unwrap_or_else(|| advertise_address(cfg.bind_address));
+        let client = kube::Client::new(server.local_service(), "default");
+        let dns = ClusterDnsArgs { ip, advertise, port: args.cluster_dns_port, zone: args.cluster_domain.clone() };
+        parts.push(tokio::spawn(serve_cluster_dns(server.state.clone(), client, dns)));
     }
     let served = server.serve().await.context("berth server failed");
     // The parts saw the same signal: let them give their leases up while the API still answers.
     let _ = tokio::time::timeout(Duration::from_secs(3), wait_for_parts(parts)).await;
     served
+}
+
+/// The cluster DNS's default port: not 53, which the host's own resolver may hold.
+pub const DEFAULT_CLUSTER_DNS_PORT: u16 = 10053;
+
+struct ClusterDnsArgs {
+    ip: std::net::Ipv4Addr,
+    advertise: IpAddr,
+    port: u16,
+    zone: String,
+}
+
+/// Serves the cluster DNS and keeps `kube-system/kube-dns` pointing at it. Pods reach it through
+/// the Service proxy, so it listens on an address they can route to: the advertise address, or
+/// the default route's source address when the API is bound to loopback. A failure is logged and
+/// leaves the rest of the server running.
+async fn serve_cluster_dns(
+    state: std::sync::Arc<berth_apiserver::ApiState>,
+    client: kube::Client,
+    dns: ClusterDnsArgs,
+) {
+    let address =
+        if dns.advertise.is_loopback() { advertise_address(IpAddr::from([0, 0, 0, 0])) } else { dns.advertise };
+    let listen = std::net::SocketAddr::new(address, dns.port);
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    // Never relay to ourselves: that would loop.
+    let upstreams = berth_dns::nameservers(&resolv).into_iter().filter(|u| *u != listen).collect();
+    let config = berth_dns::Config { listen, zone: dns.zone.clone(), upstreams };
+    let server = match berth_dns::ClusterDns::start(client, config).await {
+        Ok(server) => server,
+        Err(e) => {
+            tracing::warn!(error = %berth_agent::agent::error_chain(&e), "cluster DNS not served");
+            return;
+        }
+    };
+    tracing::info!(%listen, service_ip = %dns.ip, zone = %dns.zone, "serving cluster DNS");
+    let keep = async {
+        loop {
+            if let Err(e) = ensure_cluster_dns_service(&state, dns.ip, address, dns.port).await {
+                tracing::warn!(error = %e.message, "keeping the kube-dns service failed");
+            }
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+    };
+    tokio::select! {
+        Err(e) = server.run() => tracing::warn!(error = %berth_agent::agent::error_chain(&e), "cluster DNS stopped"),
+        () = keep => {}
+        () = shutdown_signal() => {}
+    }
 }
 
 async fn wait_for_parts(parts: Vec<tokio::task::JoinHandle<()>>) {

@@ -84,14 +84,21 @@ pub struct Args {
     /// Port of the agent's kubelet API (logs, exec, attach, port-forward).
     #[arg(long, default_value_t = 10250)]
     agent_port: u16,
+    /// Port (UDP and TCP) the cluster DNS listens on, behind the kube-dns Service's 10.96.0.10:53;
+    /// 0 turns cluster DNS off.
+    #[arg(long, default_value_t = super::server::DEFAULT_CLUSTER_DNS_PORT, value_name = "PORT")]
+    cluster_dns_port: u16,
     /// The CRI socket of the runtime (the OCI runtimes' state goes to `oci/` beside it).
     #[arg(long, default_value = DEFAULT_RUNTIME_SOCKET, value_name = "PATH")]
     runtime_socket: PathBuf,
     /// The Linux bridge of the pod network.
     #[arg(long, default_value = "berth0", value_name = "NAME")]
     bridge: String,
-    /// The pod network's IPv4 subnet (host-local IPAM).
-    #[arg(long, default_value = "10.88.0.0/16", value_name = "CIDR")]
+    /// The cluster's pod range (IPv4): the API server gives each node a /24 of it (a range of /24
+    /// or longer is one node's whole), and each node's pods get addresses from its block. Until
+    /// the node has its block, and with --join (where the first machine's range counts), the
+    /// pod network starts out with this whole range.
+    #[arg(long, default_value = "10.244.0.0/16", value_name = "CIDR")]
     pod_cidr: String,
     /// Where the CNI plugins are (repeatable); default: /usr/lib/cni and /opt/cni/bin.
     #[arg(long = "cni-bin-dir", value_name = "DIR")]
@@ -136,6 +143,8 @@ impl Args {
         if !self.tls_san.is_empty() {
             args.extend(["--tls-san".into(), self.tls_san.join(",")]);
         }
+        args.extend(["--cluster-cidr".into(), self.pod_cidr.clone()]);
+        args.extend(["--cluster-dns-port".into(), self.cluster_dns_port.to_string()]);
         args
     }
 
@@ -160,6 +169,8 @@ impl Args {
             flag("--tls-san", self.tls_san.join(",").into());
         }
         flag("--agent-port", self.agent_port.to_string().into());
+        flag("--cluster-dns-port", self.cluster_dns_port.to_string().into());
+        flag("--pod-cidr", self.pod_cidr.clone().into());
         flag("--runtime-socket", std::path::absolute(&self.runtime_socket).context("--runtime-socket")?.into());
         Ok(args)
     }
@@ -315,11 +326,13 @@ fn check_network(bridge: &str, cidr: &str) -> Vec<String> {
         problems
             .push(format!("--bridge {bridge:?} is not a network device name (1 to 15 characters, no '/' or space)"));
     }
+    // The network address itself: the API server takes it as its --cluster-cidr, strictly.
     let valid = cidr.split_once('/').is_some_and(|(ip, bits)| {
-        ip.parse::<std::net::Ipv4Addr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| (8..=30).contains(&b))
+        let (Ok(ip), Ok(bits)) = (ip.parse::<std::net::Ipv4Addr>(), bits.parse::<u8>()) else { return false };
+        (8..=30).contains(&bits) && u32::from(ip) & (u32::MAX >> bits) == 0
     });
     if !valid {
-        problems.push(format!("--pod-cidr {cidr:?} is not an IPv4 subnet such as 10.88.0.0/16 (prefix 8 to 30)"));
+        problems.push(format!("--pod-cidr {cidr:?} is not an IPv4 subnet such as 10.244.0.0/16 (prefix 8 to 30)"));
     }
     problems
 }
@@ -490,6 +503,7 @@ mod tests {
         assert_eq!(problems.len(), 2);
         assert!(problems[0].starts_with("--bridge"));
         assert!(problems[1].starts_with("--pod-cidr \"10.88.0.0\" is not an IPv4 subnet"));
+        assert_eq!(check_network("berth0", "10.88.1.0/16").len(), 1, "host bits are set");
     }
 
     #[test]
@@ -507,8 +521,20 @@ mod tests {
         assert_eq!(
             words.join(" "),
             "up --foreground --supervise --data-dir /d --node-name n1 --bind-address 127.0.0.1 --secure-port 7443 \
-             --agent-port 10251 --runtime-socket /run/berth/runtime.sock"
+             --agent-port 10251 --cluster-dns-port 10053 --pod-cidr 10.244.0.0/16 --runtime-socket /run/berth/runtime.sock"
         );
-        assert_eq!(cli.up.server_args(), ["--bind-address", "127.0.0.1", "--secure-port", "7443"]);
+        assert_eq!(
+            cli.up.server_args(),
+            [
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                "7443",
+                "--cluster-cidr",
+                "10.244.0.0/16",
+                "--cluster-dns-port",
+                "10053"
+            ]
+        );
     }
 }

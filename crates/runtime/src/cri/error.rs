@@ -61,6 +61,13 @@ pub enum Error {
         #[source]
         source: Box<berth_cni::CniError>,
     },
+    /// The default pod network could not follow the node's pod CIDR.
+    #[error("moving the default pod network to pod CIDR {cidr:?}")]
+    PodCidr {
+        cidr: String,
+        #[source]
+        source: Box<berth_cni::ConfigError>,
+    },
     /// The OCI runtime failed a verb.
     #[error("{op} container {id}")]
     Oci {
@@ -133,6 +140,10 @@ impl From<Error> for tonic::Status {
             Error::FailedPrecondition(_) => Code::FailedPrecondition,
             Error::Timeout(_) => Code::DeadlineExceeded,
             Error::Host { .. } | Error::Network { .. } | Error::Monitor { .. } => Code::Internal,
+            Error::PodCidr { source, .. } => match **source {
+                berth_cni::ConfigError::PodCidr { .. } => Code::InvalidArgument,
+                _ => Code::Internal,
+            },
             Error::Oci { source, .. } if source.is_not_found() => Code::NotFound,
             Error::Oci { .. } => Code::Internal,
             Error::Spec { source, .. } => match **source {

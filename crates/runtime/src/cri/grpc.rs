@@ -282,7 +282,7 @@ impl RuntimeService for Grpc {
         &self,
         r: Request<cri::UpdateRuntimeConfigRequest>,
     ) -> Result<Response<cri::UpdateRuntimeConfigResponse>, Status> {
-        Ok(Response::new(self.0.update_runtime_config(r.into_inner())))
+        Ok(Response::new(self.0.update_runtime_config(r.into_inner())?))
     }
 
     async fn checkpoint_container(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_cri::v1 as cri;
 use serde_json::json;
 
-use super::Cri;
+use super::{Cri, Error};
 use crate::config::RuntimeHandler;
 
 /// The CRI API version berth speaks (what `VersionResponse.version` reports).
@@ -75,15 +75,36 @@ impl Cri {
         }
     }
 
-    /// Records the node's pod CIDR (kubelet sends it once the node has one). The CNI config in use
-    /// keeps its own range; the CIDR is reported in the verbose status.
-    pub fn update_runtime_config(&self, req: cri::UpdateRuntimeConfigRequest) -> cri::UpdateRuntimeConfigResponse {
+    /// Records the node's pod CIDR (kubelet sends it once the node has one) and moves berth's
+    /// default network to it, so the next sandbox gets an address of the node's range; a CNI
+    /// config someone else wrote keeps its own range. The network config is read afresh for
+    /// every sandbox, so the rewritten file is what the next one uses. The CIDR is also reported
+    /// in the verbose status.
+    pub fn update_runtime_config(
+        &self,
+        req: cri::UpdateRuntimeConfigRequest,
+    ) -> Result<cri::UpdateRuntimeConfigResponse, Error> {
         let cidr = req.runtime_config.and_then(|c| c.network_config).map(|n| n.pod_cidr).unwrap_or_default();
-        if !cidr.is_empty() {
-            tracing::info!(pod_cidr = %cidr, "pod CIDR updated");
-            *self.pod_cidr.lock().unwrap_or_else(|e| e.into_inner()) = cidr;
+        if cidr.is_empty() {
+            return Ok(cri::UpdateRuntimeConfigResponse {});
         }
-        cri::UpdateRuntimeConfigResponse {}
+        let conf_dir = &self.config.cni.conf_dir;
+        use berth_cni::PodCidrOutcome::*;
+        match berth_cni::follow_pod_cidr(conf_dir, &berth_cni::DefaultNetwork::default(), &cidr) {
+            Ok(Moved { path, from }) => {
+                tracing::info!(pod_cidr = %cidr, %from, path = %path.display(), "default pod network moved to the pod CIDR")
+            }
+            Ok(Written { path }) => {
+                tracing::info!(pod_cidr = %cidr, path = %path.display(), "wrote the default CNI config for the pod CIDR")
+            }
+            Ok(Unchanged { .. }) => tracing::debug!(pod_cidr = %cidr, "default pod network already in the pod CIDR"),
+            Ok(NotDefault { path }) => tracing::info!(
+                pod_cidr = %cidr, path = %path.display(), "pod CIDR recorded; the CNI config in use is not berth's default and keeps its own range"
+            ),
+            Err(e) => return Err(Error::PodCidr { cidr, source: Box::new(e) }),
+        }
+        *self.pod_cidr.lock().unwrap_or_else(|e| e.into_inner()) = cidr;
+        Ok(cri::UpdateRuntimeConfigResponse {})
     }
 
     /// The verbose `config` entry: handlers, their platforms and the default handler's name

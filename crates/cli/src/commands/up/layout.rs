@@ -38,6 +38,22 @@ impl Layout {
         Ok(Layout { data_dir })
     }
 
+    /// The Service proxy's nftables table: `berth` for the default data dir, a name of its own
+    /// for any other, so a second cluster on the host (a test's) never rewrites the first's rules.
+    pub fn proxy_table(&self) -> String {
+        if self.data_dir == Path::new(DEFAULT_DATA_DIR) {
+            return berth_agent::config::DEFAULT_PROXY_TABLE.to_string();
+        }
+        // FNV-1a: stable across runs and builds, unlike the standard library's hasher.
+        let hash = self
+            .data_dir
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+        format!("berth-{:08x}", hash as u32)
+    }
+
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.data_dir.join("admin.kubeconfig")
     }
@@ -257,6 +273,14 @@ pub fn human_duration(d: std::time::Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_data_dir_owns_the_berth_table_and_any_other_one_a_table_of_its_own() {
+        assert_eq!(Layout::new(Path::new(DEFAULT_DATA_DIR)).unwrap().proxy_table(), "berth");
+        let a = Layout::new(Path::new("/tmp/a")).unwrap().proxy_table();
+        assert!(a.starts_with("berth-") && a.len() == 14, "{a}");
+        assert_ne!(a, Layout::new(Path::new("/tmp/b")).unwrap().proxy_table());
+    }
 
     #[test]
     fn durations_read_as_kubectl_ages() {

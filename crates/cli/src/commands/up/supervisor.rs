@@ -85,6 +85,9 @@ impl Name {
 }
 
 /// What the supervisor runs, resolved by `berth up`.
+/// The cluster DNS Service's address under `berth server`'s default Service range.
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub layout: Layout,
@@ -124,6 +127,9 @@ impl Plan {
                 args.extend(["--container-runtime-endpoint".into(), endpoint.into()]);
                 args.extend(["--port".into(), self.agent_port.to_string().into()]);
                 args.extend(["--root-dir".into(), l.agent_dir().into_os_string()]);
+                args.extend(["--proxy-table".into(), l.proxy_table().into()]);
+                // The server's default Service range puts its cluster DNS at this address.
+                args.extend(["--cluster-dns".into(), CLUSTER_DNS.into()]);
             }
         }
         args
@@ -669,7 +675,8 @@ mod tests {
         assert_eq!(
             words(Name::Agent),
             "agent --kubeconfig /d/agent/node.kubeconfig --node-name n1 --container-runtime-endpoint \
-             container:berth:unix:///run/x.sock --port 10251 --root-dir /d/agent"
+             container:berth:unix:///run/x.sock --port 10251 --root-dir /d/agent --proxy-table berth-b49cd0ae \
+             --cluster-dns 10.96.0.10"
         );
         assert_eq!(plan.api_kubeconfig(), Path::new("/d/admin.kubeconfig"));
     }

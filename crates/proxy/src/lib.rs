@@ -1,0 +1,15 @@
+//! The Service proxy (kube-proxy's job): Services and EndpointSlices as nftables rules on the node, synced incrementally.
+//!
+//! [`model`] reads what a Service serves, [`rules`] turns it into chains and map entries,
+//! [`table`] owns the table's fixed part and the `nft -j` commands, [`sync`] computes the one
+//! transaction that brings the kernel to the wanted state, [`proxier`] runs the watches and
+//! applies, and [`host`] checks the kernel settings the rules rely on.
+
+pub mod host;
+pub mod model;
+pub mod proxier;
+pub mod rules;
+pub mod sync;
+pub mod table;
+
+pub use proxier::{Config, ProxyError, apply, remove_table, run};

@@ -1,0 +1,210 @@
+//! The proxy's rules in a real kernel: a throwaway network namespace plays the node, a second
+//! one plays the pods behind a veth, and TCP connections go through the rules as applied by
+//! `nft`. Needs root and nftables.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use berth_proxy::model::{Endpoint, Protocol, ServiceKey, ServicePort};
+use berth_proxy::rules::{NodeNetwork, ServiceRules, service_rules};
+use berth_proxy::sync::Applied;
+use berth_proxy::table::Table;
+
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 244, 7, 1);
+const POD_A: Ipv4Addr = Ipv4Addr::new(10, 244, 7, 2);
+const POD_B: Ipv4Addr = Ipv4Addr::new(10, 244, 7, 3);
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 7, 10);
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("ip runs");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Two namespaces: `node` (NODE_IP) and `pods` (POD_A and POD_B), joined by a veth; removed on drop.
+struct Host {
+    node: String,
+    pods: String,
+    /// A wrapper that runs nft inside the node namespace.
+    nft: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new(tag: &str) -> Host {
+        let id = std::process::id();
+        let (node, pods) = (format!("bpx{tag}n{id}"), format!("bpx{tag}p{id}"));
+        ip(&["netns", "add", &node]);
+        ip(&["netns", "add", &pods]);
+        let (veth_node, veth_pods) = (format!("bpx{tag}{id}a"), format!("bpx{tag}{id}b"));
+        ip(&["link", "add", &veth_node, "netns", &node, "type", "veth", "peer", "name", &veth_pods, "netns", &pods]);
+        let in_node = |args: &[&str]| ip(&[&["-n", node.as_str()], args].concat());
+        let in_pods = |args: &[&str]| ip(&[&["-n", pods.as_str()], args].concat());
+        in_node(&["addr", "add", &format!("{NODE_IP}/24"), "dev", &veth_node]);
+        in_node(&["link", "set", &veth_node, "up"]);
+        in_node(&["link", "set", "lo", "up"]);
+        in_node(&["route", "add", "10.96.0.0/12", "dev", &veth_node]);
+        in_pods(&["addr", "add", &format!("{POD_A}/24"), "dev", &veth_pods]);
+        in_pods(&["addr", "add", &format!("{POD_B}/24"), "dev", &veth_pods]);
+        in_pods(&["link", "set", &veth_pods, "up"]);
+        in_pods(&["link", "set", "lo", "up"]);
+        in_pods(&["route", "add", "default", "via", &NODE_IP.to_string()]);
+        let forward = Command::new("ip")
+            .args(["netns", "exec", &node, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])
+            .status()
+            .unwrap();
+        assert!(forward.success());
+        let dir = tempfile::tempdir().unwrap();
+        let nft = dir.path().join("nft");
+        std::fs::write(&nft, format!("#!/bin/sh\nexec ip netns exec {node} nft \"$@\"\n")).unwrap();
+        std::process::Command::new("chmod").arg("+x").arg(&nft).status().unwrap();
+        Host { node, pods, nft, _dir: dir }
+    }
+
+    /// Runs `f` on a thread inside namespace `name`.
+    fn within<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+        let file = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
+        std::thread::spawn(move || {
+            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+    }
+
+    /// A server on each pod address that answers every connection with its own address.
+    fn serve_pods(&self) {
+        for addr in [POD_A, POD_B] {
+            let listener = Host::within(&self.pods, move || TcpListener::bind((addr, 8080)).unwrap()).join().unwrap();
+            std::thread::spawn(move || {
+                for mut conn in listener.incoming().flatten() {
+                    let _ = conn.write_all(addr.to_string().as_bytes());
+                }
+            });
+        }
+    }
+
+    /// Connects from the node namespace (or the pods one) and reads the answering pod's address.
+    fn connect_from(&self, ns: &str, to: SocketAddr) -> std::io::Result<String> {
+        Host::within(ns, move || {
+            let mut conn = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+            conn.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let mut answer = String::new();
+            conn.read_to_string(&mut answer)?;
+            Ok(answer)
+        })
+        .join()
+        .unwrap()
+    }
+
+    fn connect(&self, to: SocketAddr) -> std::io::Result<String> {
+        self.connect_from(&self.node, to)
+    }
+
+    fn ruleset(&self) -> String {
+        let out = Command::new(&self.nft).args(["list", "ruleset"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        for ns in [&self.node, &self.pods] {
+            let _ = Command::new("ip").args(["netns", "delete", ns]).status();
+        }
+    }
+}
+
+fn port(endpoints: &[Ipv4Addr]) -> ServicePort {
+    ServicePort {
+        service: ServiceKey::new("default", "web"),
+        name: "http".into(),
+        protocol: Protocol::Tcp,
+        port: 80,
+        cluster_ips: vec![CLUSTER_IP],
+        external_ips: vec![],
+        node_port: Some(30080),
+        affinity_timeout: None,
+        external_local: false,
+        internal_local: false,
+        endpoints: endpoints.iter().map(|ip| Endpoint { ip: *ip, port: 8080, local: true }).collect(),
+    }
+}
+
+const NET: NodeNetwork = NodeNetwork { pod_cidr: Some((Ipv4Addr::new(10, 244, 7, 0), 24)) };
+
+fn rules(p: ServicePort) -> ServiceRules {
+    service_rules(&[p], NET)
+}
+
+/// Applies `rules` for the one Service, incrementally on top of `applied`.
+async fn change(host: &Host, table: &Table, applied: &mut Applied, rules: Option<ServiceRules>) {
+    let changes = vec![(ServiceKey::new("default", "web"), rules)];
+    berth_proxy::apply(&host.nft, applied.changes(table, &changes)).await.expect("nft accepts the change");
+    applied.commit(changes);
+}
+
+fn answers(host: &Host, to: SocketAddr, tries: usize) -> std::collections::BTreeSet<String> {
+    (0..tries).map(|_| host.connect(to).expect("the Service answers")).collect()
+}
+
+#[tokio::test]
+async fn cluster_ips_and_node_ports_reach_ready_endpoints_and_a_port_without_endpoints_refuses() {
+    let host = Host::new("a");
+    host.serve_pods();
+    let table = Table::new("berth-test");
+    let service = SocketAddr::from((CLUSTER_IP, 80));
+    let node_port = SocketAddr::from((NODE_IP, 30080));
+
+    let all = [(ServiceKey::new("default", "web"), rules(port(&[POD_A])))].into_iter().collect();
+    let (cmds, mut applied) = Applied::rebuild(&table, all);
+    berth_proxy::apply(&host.nft, cmds).await.expect("nft accepts the whole table");
+    assert_eq!(host.connect(service).unwrap(), POD_A.to_string(), "ClusterIP → the one endpoint");
+    assert_eq!(host.connect(node_port).unwrap(), POD_A.to_string(), "NodePort → the one endpoint");
+
+    change(&host, &table, &mut applied, Some(rules(port(&[POD_A, POD_B])))).await;
+    let seen = answers(&host, service, 40);
+    assert_eq!(seen, [POD_A.to_string(), POD_B.to_string()].into(), "both endpoints take connections");
+
+    change(&host, &table, &mut applied, Some(rules(port(&[POD_B])))).await;
+    assert_eq!(answers(&host, service, 10), [POD_B.to_string()].into(), "a removed endpoint leaves the rotation");
+    assert!(!host.ruleset().contains(&format!("{POD_A}/8080")), "its chain is gone:\n{}", host.ruleset());
+
+    change(&host, &table, &mut applied, Some(rules(port(&[])))).await;
+    let refused = host.connect(service).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    let refused = host.connect(node_port).unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+
+    change(&host, &table, &mut applied, Some(rules(port(&[POD_A])))).await;
+    assert_eq!(host.connect(service).unwrap(), POD_A.to_string(), "endpoints back: served again");
+
+    change(&host, &table, &mut applied, None).await;
+    assert!(!host.ruleset().contains("default/web"), "a deleted Service leaves nothing:\n{}", host.ruleset());
+
+    berth_proxy::remove_table(&host.nft, "berth-test").await.unwrap();
+    assert!(!host.ruleset().contains("berth-test"));
+    berth_proxy::remove_table(&host.nft, "berth-test").await.expect("removing an absent table is fine");
+}
+
+#[tokio::test]
+async fn client_ip_affinity_sticks_and_a_pod_reaches_itself_through_its_service() {
+    let host = Host::new("b");
+    host.serve_pods();
+    let table = Table::new("berth-test");
+    let service = SocketAddr::from((CLUSTER_IP, 80));
+    let mut sticky = port(&[POD_A, POD_B]);
+    sticky.affinity_timeout = Some(60);
+    let all = [(ServiceKey::new("default", "web"), rules(sticky))].into_iter().collect();
+    let (cmds, mut applied) = Applied::rebuild(&table, all);
+    berth_proxy::apply(&host.nft, cmds).await.unwrap();
+    let first = host.connect(service).unwrap();
+    assert_eq!(answers(&host, service, 20), [first].into(), "one client keeps its endpoint");
+
+    // The pod at POD_A connects to its own Service and lands on itself: the node must
+    // masquerade it, or the reply would never go back through the node's conntrack.
+    change(&host, &table, &mut applied, Some(rules(port(&[POD_A])))).await;
+    let answer = host.connect_from(&host.pods, service).expect("hairpin works");
+    assert_eq!(answer, POD_A.to_string());
+}
