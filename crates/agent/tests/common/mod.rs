@@ -15,7 +15,8 @@
 //!
 //! containerd is `berth_testenv::Containerd`; [`containerd_endpoint_toml`] adds it to an agent
 //! config, [`node_kubeconfig`] makes a node's own kubeconfig, and [`cri_client`] asks any
-//! runtime directly what it holds.
+//! runtime directly what it holds. [`RuntimeBuilder::in_netns`] and [`Agent::start_in_netns`] run
+//! a node in a network namespace of its own ([`command_in`]).
 //!
 //! The `berth` and `berth-monitor` binaries are built (incrementally) into this test's target
 //! directory on first use, or taken from `$BERTH_BIN`.
@@ -70,6 +71,22 @@ pub fn berth_binary() -> &'static Path {
         Ok(bin)
     });
     bin.as_deref().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `program` as a command, run in the network namespace `netns` (`/run/netns/NAME`, as `ip netns
+/// add` makes) when given. `nsenter --net` rather than `ip netns exec`: only the network
+/// namespace changes, so the mounts a runtime or an agent makes (pod volumes, rootfs, sandbox
+/// namespaces) stay visible to the other processes and to the test. nsenter execs `program`, so
+/// the child's pid is the program's own.
+pub fn command_in(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match netns {
+        Some(netns) => {
+            let mut command = Command::new("nsenter");
+            command.arg(format!("--net=/run/netns/{netns}")).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
 }
 
 pub fn free_port() -> u16 {
@@ -319,6 +336,9 @@ pub struct RuntimeBuilder {
     default_handler: String,
     insecure_registries: Vec<String>,
     network: Option<(String, String)>,
+    /// Leave the CNI conf dir empty: the runtime writes berth's default network.
+    berth_default_network: bool,
+    netns: Option<String>,
 }
 
 impl Default for RuntimeBuilder {
@@ -329,6 +349,8 @@ impl Default for RuntimeBuilder {
             default_handler: "runc".into(),
             insecure_registries: Vec::new(),
             network: None,
+            berth_default_network: false,
+            netns: None,
         }
         .handler("runc", "runc", &[])
         .handler("crun", "crun", &[])
@@ -344,6 +366,8 @@ impl RuntimeBuilder {
             default_handler: String::new(),
             insecure_registries: Vec::new(),
             network: None,
+            berth_default_network: false,
+            netns: None,
         }
     }
 
@@ -376,6 +400,19 @@ impl RuntimeBuilder {
         self
     }
 
+    /// An empty CNI conf dir of its own: the runtime writes berth's default network there, and
+    /// moves it to the node's pod CIDR when the agent says.
+    pub fn berth_default_network(mut self) -> Self {
+        self.berth_default_network = true;
+        self
+    }
+
+    /// Runs in the network namespace `netns` (see [`command_in`]).
+    pub fn in_netns(mut self, netns: &str) -> Self {
+        self.netns = Some(netns.into());
+        self
+    }
+
     pub fn start(self) -> Runtime {
         Runtime::start_with(self)
     }
@@ -388,6 +425,7 @@ pub struct Runtime {
     process: Option<Process>,
     pub dir: tempfile::TempDir,
     starts: u32,
+    netns: Option<String>,
 }
 
 impl Runtime {
@@ -419,7 +457,9 @@ impl Runtime {
                           "routes": [{ "dst": "0.0.0.0/0" }], "dataDir": dir.path().join("ipam") }
             }]
         });
-        std::fs::write(cni_dir.join("10-test.conflist"), conflist.to_string()).unwrap();
+        if !b.berth_default_network {
+            std::fs::write(cni_dir.join("10-test.conflist"), conflist.to_string()).unwrap();
+        }
         let mut config = format!(
             "socket = {:?}\nroot = {:?}\ndefault_handler = {:?}\n",
             dir.path().join("run/runtime.sock"),
@@ -440,7 +480,7 @@ impl Runtime {
             config.push_str(&format!("[registries.\"{host}\"]\ninsecure = true\n"));
         }
         std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
-        let mut runtime = Runtime { process: None, dir, starts: 0 };
+        let mut runtime = Runtime { process: None, dir, starts: 0, netns: b.netns };
         runtime.spawn();
         runtime
     }
@@ -448,7 +488,7 @@ impl Runtime {
     fn spawn(&mut self) {
         assert!(self.process.is_none(), "runtime already running");
         self.starts += 1;
-        let mut command = Command::new(berth_binary());
+        let mut command = command_in(self.netns.as_deref(), berth_binary());
         command.arg("runtime").arg("--config").arg(self.dir.path().join("runtime.toml"));
         let mut process = Process::spawn("berth runtime", command, self.log_path());
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -464,6 +504,11 @@ impl Runtime {
 
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("run/runtime.sock")
+    }
+
+    /// The runtime's CNI conf dir.
+    pub fn cni_conf_dir(&self) -> PathBuf {
+        self.dir.path().join("cni")
     }
 
     /// `unix:///…/runtime.sock`.
@@ -596,6 +641,7 @@ pub struct Agent {
     kubeconfig: PathBuf,
     extra: Vec<String>,
     starts: u32,
+    netns: Option<String>,
 }
 
 /// A stopped agent leaves its pods' memory-backed volumes mounted (the pods are removed through
@@ -622,7 +668,17 @@ impl Agent {
         Agent::launch(node_name, config, &server.kubeconfig(), extra)
     }
 
+    /// As the node itself (`kubeconfig`), in the network namespace `netns` (see [`command_in`]),
+    /// with extra flags after the harness's own.
+    pub fn start_in_netns(netns: &str, node_name: &str, config: &str, kubeconfig: &Path, extra: &[&str]) -> Agent {
+        Agent::launch_in(Some(netns), node_name, config, kubeconfig, extra)
+    }
+
     fn launch(node_name: &str, config: &str, kubeconfig: &Path, extra: &[&str]) -> Agent {
+        Agent::launch_in(None, node_name, config, kubeconfig, extra)
+    }
+
+    fn launch_in(netns: Option<&str>, node_name: &str, config: &str, kubeconfig: &Path, extra: &[&str]) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("agent.toml"), config).unwrap();
         let mut agent = Agent {
@@ -633,6 +689,7 @@ impl Agent {
             kubeconfig: kubeconfig.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             starts: 0,
+            netns: netns.map(String::from),
         };
         agent.spawn();
         agent
@@ -641,7 +698,7 @@ impl Agent {
     fn spawn(&mut self) {
         assert!(self.process.is_none(), "agent already running");
         self.starts += 1;
-        let mut command = Command::new(berth_binary());
+        let mut command = command_in(self.netns.as_deref(), berth_binary());
         command
             .arg("agent")
             .arg("--config")
