@@ -207,6 +207,7 @@ pub async fn start(flags: Flags, config: Config) -> Result<Context, AgentError> 
 async fn start_service_proxy(ctx: &Context, config: &Config) {
     let mut proxy = berth_proxy::Config::new(config.node_name.clone());
     proxy.table = config.proxy_table.clone();
+    proxy.cluster_cidr = config.cluster_cidr;
     for problem in berth_proxy::host::check(&proxy.nft).await {
         tracing::warn!(%problem, "service proxy: the host lacks something");
     }

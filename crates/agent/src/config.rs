@@ -131,6 +131,7 @@ pub struct Flags {
     pub proxy_table: Option<String>,
     pub cluster_dns: Option<Vec<String>>,
     pub cluster_domain: Option<String>,
+    pub cluster_cidr: Option<String>,
 }
 
 /// The config file as written.
@@ -148,6 +149,7 @@ pub struct FileConfig {
     pub proxy_table: Option<String>,
     pub cluster_dns: Option<Vec<String>>,
     pub cluster_domain: Option<String>,
+    pub cluster_cidr: Option<String>,
     pub endpoints: Option<Vec<EndpointConfig>>,
 }
 
@@ -198,6 +200,9 @@ pub struct Config {
     pub cluster_dns: Vec<std::net::IpAddr>,
     /// The cluster's DNS domain (kubelet's `--cluster-domain`).
     pub cluster_domain: String,
+    /// Every node's pods (kube-proxy's `--cluster-cidr`), as `(network, prefix)`: what pods send
+    /// outside it is masqueraded; unknown: what leaves the node's own range is.
+    pub cluster_cidr: Option<(std::net::Ipv4Addr, u8)>,
 }
 
 impl Config {
@@ -273,6 +278,12 @@ impl Config {
         if let Some(reason) = dns_subdomain_problem(&cluster_domain) {
             return Err(invalid("--cluster-domain", format!("{cluster_domain:?} {reason}")));
         }
+        let cluster_cidr = match flags.cluster_cidr.clone().or(file.cluster_cidr) {
+            None => None,
+            Some(text) => Some(parse_ipv4_cidr(&text).ok_or_else(|| {
+                invalid("--cluster-cidr", format!("{text:?} is not an IPv4 CIDR (e.g. 10.244.0.0/16)"))
+            })?),
+        };
         Ok(Config {
             node_name,
             kubeconfig: flags.kubeconfig.clone().or(file.kubeconfig),
@@ -287,6 +298,7 @@ impl Config {
             proxy_table,
             cluster_dns,
             cluster_domain,
+            cluster_cidr,
         })
     }
 
@@ -317,6 +329,9 @@ impl Config {
         }
         if self.cluster_domain != other.cluster_domain {
             changed.push("cluster_domain");
+        }
+        if self.cluster_cidr != other.cluster_cidr {
+            changed.push("cluster_cidr");
         }
         changed
     }
@@ -474,6 +489,15 @@ fn is_dns_label(s: &str) -> bool {
 }
 
 /// Why `s` is not a DNS subdomain (a Node's name), if it is not.
+/// `10.244.0.0/16` with its host bits cleared.
+fn parse_ipv4_cidr(text: &str) -> Option<(std::net::Ipv4Addr, u8)> {
+    let (addr, len) = text.trim().split_once('/')?;
+    let addr: std::net::Ipv4Addr = addr.parse().ok()?;
+    let len: u8 = len.parse().ok().filter(|l| *l <= 32)?;
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+    Some((std::net::Ipv4Addr::from(u32::from(addr) & mask), len))
+}
+
 fn dns_subdomain_problem(s: &str) -> Option<&'static str> {
     if s.is_empty() {
         return Some("is empty");

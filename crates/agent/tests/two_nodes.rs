@@ -210,7 +210,7 @@ impl Cluster {
         for (i, node) in NODES.iter().enumerate() {
             let kubeconfig = common::node_kubeconfig(&server, node, dir.path());
             let config = common::agent_toml(&[("berth", &runtimes[i])], false);
-            let extra = ["--proxy-mode", "nftables", "--proxy-table", "berth-test"];
+            let extra = ["--proxy-mode", "nftables", "--proxy-table", "berth-test", "--cluster-cidr", cluster_cidr];
             agents.push(Agent::start_in_netns(network.netns(i), node, &config, &kubeconfig, &extra));
         }
         Cluster { agents, runtimes, server, image, _forwarder: forwarder, _registry: registry, dir, network }
@@ -373,11 +373,13 @@ async fn pods_reach_pods_and_services_on_another_node_over_host_gw_routes() {
     assert_eq!(answer(&logs[0], "pod"), "web-b", "node-a's pod reaches node-b's by IP: {}", logs[0]);
     assert_eq!(answer(&logs[0], "service"), "web-b", "node-a's pod reaches node-b's by Service: {}", logs[0]);
     assert_eq!(answer(&logs[1], "pod"), "web-a", "node-b's pod reaches node-a's by IP: {}", logs[1]);
-    // Where the requests seemed to come from (busybox httpd -v logs each client's address): today
-    // the other node's address, not the client pod's, as berth's default network masquerades
-    // whatever leaves the node's pod CIDR (the bridge plugin's `ipMasq`). Printed, not asserted.
-    for name in ["web-a", "web-b"] {
-        eprintln!("{name} served:\n{}", c.server.kubectl_ok(&["logs", name]).trim());
+    // Pods see each other's own addresses (busybox httpd -v logs each client's): nothing
+    // masquerades traffic between the cluster's pods.
+    for (server, client) in [("web-b", "client-a"), ("web-a", "client-b")] {
+        let served = c.server.kubectl_ok(&["logs", server]);
+        let client_ip = c.get("pod", client, "{.status.podIP}");
+        eprintln!("{server} served:\n{}", served.trim());
+        assert!(served.contains(&format!("[::ffff:{client_ip}]")), "{server} saw {client} at {client_ip}: {served}");
     }
 
     // No two pods share an address; each has one of its node's pod CIDR.

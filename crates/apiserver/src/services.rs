@@ -494,7 +494,8 @@ async fn put(
     merge: impl Fn(&Value, &mut Value),
 ) -> ApiResult<()> {
     let name = objects::name(&obj).to_string();
-    let key = objects::key(rt, Some("default"), &name);
+    let namespace = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let key = objects::key(rt, Some(namespace), &name);
     for _ in 0..8 {
         match state.store.get(&key).await.map_err(|e| ApiError::from_store(e, rt, &name))? {
             None => {

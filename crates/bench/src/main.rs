@@ -1,5 +1,5 @@
 //! `berth-bench`: berth's API, image pulls, CRI pods, node agent, scheduler, controllers and pod
-//! startup on a `berth up` cluster, each next to its floor or reference measured in the same run.
+//! startup on a `berth up` cluster, Services and DNS, each next to its floor or reference measured in the same run.
 
 mod agent;
 mod api;
@@ -10,6 +10,7 @@ mod image;
 mod raw_etcd;
 mod report;
 mod scheduler;
+mod services;
 mod startup;
 mod stats;
 
@@ -54,6 +55,9 @@ enum Command {
     /// Deployment burst), next to the raw runtime + CNI ADD floor and containerd's CRI path, and
     /// the memory of the whole tree.
     Startup(startup::StartupArgs),
+    /// Service rule sync at thousands of Services next to plain `nft -f`, Service created →
+    /// first connection next to its EndpointSlice's arrival, and cluster DNS next to a UDP echo.
+    Services(services::ServicesArgs),
 }
 
 #[derive(Args)]
@@ -87,6 +91,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Scheduler(args) => scheduler::run(args).await,
         Command::Controllers(args) => controllers::run(args).await,
         Command::Startup(args) => startup::run(args).await,
+        Command::Services(args) => services::run(args).await,
     }
 }
 

@@ -32,8 +32,12 @@ impl Latencies {
         self.0.len()
     }
 
-    fn quantile_ms(&self, q: f64) -> Option<f64> {
+    pub fn quantile_ms(&self, q: f64) -> Option<f64> {
         (!self.0.is_empty()).then(|| self.0.value_at_quantile(q) as f64 / 1000.0)
+    }
+
+    pub fn max_ms(&self) -> Option<f64> {
+        (!self.0.is_empty()).then(|| self.0.max() as f64 / 1000.0)
     }
 }
 

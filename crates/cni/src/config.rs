@@ -340,6 +340,11 @@ pub enum PodCidrOutcome {
 /// `subnet`, so the next sandbox gets an address of the node's range; an empty directory gets
 /// `fallback` with `subnet`. Anyone else's config is left as it is.
 ///
+/// A node with a pod CIDR is part of a cluster whose pods reach each other's addresses
+/// untranslated, so the moved network stops masquerading: the bridge plugin would masquerade
+/// everything leaving the node's range, other nodes' pods included. The node's Service proxy
+/// masquerades what leaves the cluster instead.
+///
 /// `subnet` is the CRI `podCIDR`: one CIDR, or several comma-separated (dual stack), of which
 /// the first IPv4 one is used.
 pub fn follow_pod_cidr(
@@ -350,18 +355,18 @@ pub fn follow_pod_cidr(
     let subnet = ipv4_subnet(subnet).ok_or_else(|| ConfigError::PodCidr { cidr: subnet.to_string() })?;
     let Some(path) = config_files(conf_dir)?.into_iter().next() else {
         let path = conf_dir.join(DEFAULT_CONFLIST_NAME);
-        write_network(&path, &DefaultNetwork { subnet, ..fallback.clone() })?;
+        write_network(&path, &DefaultNetwork { subnet, ip_masq: false, ..fallback.clone() })?;
         return Ok(PodCidrOutcome::Written { path });
     };
     let bytes = std::fs::read(&path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
     let Some(current) = serde_json::from_slice(&bytes).ok().as_ref().and_then(DefaultNetwork::recognize) else {
         return Ok(PodCidrOutcome::NotDefault { path });
     };
-    if current.subnet == subnet {
+    if current.subnet == subnet && !current.ip_masq {
         return Ok(PodCidrOutcome::Unchanged { path });
     }
     let from = current.subnet.clone();
-    write_network(&path, &DefaultNetwork { subnet, ..current })?;
+    write_network(&path, &DefaultNetwork { subnet, ip_masq: false, ..current })?;
     Ok(PodCidrOutcome::Moved { path, from })
 }
 
@@ -516,6 +521,7 @@ mod tests {
         let list = load(&conf_dir).unwrap();
         assert_eq!(list.plugins[0].raw["bridge"], "berth7");
         assert_eq!(list.plugins[0].raw["ipam"]["dataDir"], json!(dir.path().join("ipam")));
+        assert_eq!(list.plugins[0].raw["ipMasq"], false, "the cluster's pods see each other's addresses");
         assert_eq!(config_files(&conf_dir).unwrap(), vec![path.clone()], "no temporary file is left");
         assert_eq!(
             follow_pod_cidr(&conf_dir, &DefaultNetwork::default(), "10.244.3.0/24").unwrap(),

@@ -38,6 +38,8 @@ pub struct Config {
     /// The `nft` binary.
     pub nft: PathBuf,
     pub batch_delay: Duration,
+    /// Every node's pods (kube-proxy's `--cluster-cidr`): what pods send elsewhere is masqueraded.
+    pub cluster_cidr: Option<(Ipv4Addr, u8)>,
 }
 
 impl Config {
@@ -47,6 +49,7 @@ impl Config {
             table: "berth".into(),
             nft: PathBuf::from("nft"),
             batch_delay: DEFAULT_BATCH_DELAY,
+            cluster_cidr: None,
         }
     }
 }
@@ -187,6 +190,7 @@ impl State {
                 }
                 let net = NodeNetwork {
                     pod_cidr: node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).and_then(parse_cidr),
+                    ..self.net
                 };
                 if net != self.net {
                     tracing::info!(pod_cidr = ?net.pod_cidr, "service proxy: the node's pod range changed");
@@ -226,7 +230,8 @@ pub async fn run(client: kube::Client, config: Config) {
     let mut updates = std::pin::pin!(stream::select(stream::select(services, slices), nodes));
 
     let table = Table::new(config.table.clone());
-    let mut state = State::default();
+    let mut state =
+        State { net: NodeNetwork { pod_cidr: None, cluster_cidr: config.cluster_cidr }, ..State::default() };
     let mut applied: Option<Applied> = None;
     let mut due: Option<Instant> = None;
     let mut retry_delay = Duration::from_secs(1);
@@ -286,16 +291,22 @@ async fn sync(
                 .filter_map(|k| Some((k.clone(), state.rules_of(k, &config.node_name)?)))
                 .collect();
             let count = all.len();
-            let (cmds, fresh) = Applied::rebuild(table, all);
+            let (mut cmds, fresh) = Applied::rebuild(table, all);
+            cmds.extend(table.pod_egress(state.net));
             let result = apply(&config.nft, cmds).await;
             if result.is_ok() {
+                let mut fresh = fresh;
+                fresh.set_net(state.net);
                 *applied = Some(fresh);
             }
             (result, count)
         }
         Some(current) => {
             let changes: Vec<_> = dirty.iter().map(|k| (k.clone(), state.rules_of(k, &config.node_name))).collect();
-            let cmds = current.changes(table, &changes);
+            let mut cmds = current.changes(table, &changes);
+            if current.net() != state.net {
+                cmds.extend(table.pod_egress(state.net));
+            }
             if cmds.is_empty() {
                 current.commit(changes);
                 return (Ok(()), 0);
@@ -304,6 +315,7 @@ async fn sync(
             let result = apply(&config.nft, cmds).await;
             if result.is_ok() {
                 current.commit(changes);
+                current.set_net(state.net);
             } else {
                 *applied = None;
             }

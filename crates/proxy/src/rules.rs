@@ -29,8 +29,9 @@ pub type Rule = Vec<Statement<'static>>;
 
 /// The chain every masqueraded packet jumps to.
 pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
-/// The chain that rejects new connections to a port without endpoints.
-pub const REJECT: &str = "reject";
+/// The chain that rejects new connections to a port without endpoints (not `reject`: nft would
+/// read the table's listing back as the keyword).
+pub const REJECT: &str = "reject-chain";
 
 /// The table's verdict maps a Service puts entries in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -90,6 +91,8 @@ impl MapKey {
 pub struct NodeNetwork {
     /// The node's pod range (`spec.podCIDR`); unknown means all Service traffic is masqueraded.
     pub pod_cidr: Option<(Ipv4Addr, u8)>,
+    /// Every node's pods (`--cluster-cidr`): pod traffic to anywhere else is masqueraded.
+    pub cluster_cidr: Option<(Ipv4Addr, u8)>,
 }
 
 /// Everything one Service puts in the table.
@@ -279,9 +282,17 @@ fn saddr_is(ip: Ipv4Addr) -> Statement<'static> {
     Statement::Match(Match { left: saddr(), right: Expression::String(ip.to_string().into()), op: Operator::EQ })
 }
 
-fn saddr_in((addr, len): (Ipv4Addr, u8), op: Operator) -> Statement<'static> {
+pub fn saddr_in(cidr: (Ipv4Addr, u8), op: Operator) -> Statement<'static> {
+    addr_in("saddr", cidr, op)
+}
+
+pub fn daddr_in(cidr: (Ipv4Addr, u8), op: Operator) -> Statement<'static> {
+    addr_in("daddr", cidr, op)
+}
+
+fn addr_in(field: &'static str, (addr, len): (Ipv4Addr, u8), op: Operator) -> Statement<'static> {
     Statement::Match(Match {
-        left: saddr(),
+        left: payload("ip", field),
         right: Expression::Named(NamedExpression::Prefix(Prefix {
             addr: Box::new(Expression::String(addr.to_string().into())),
             len: u32::from(len),
@@ -354,7 +365,7 @@ mod tests {
         serde_json::to_string(rules).unwrap()
     }
 
-    const NET: NodeNetwork = NodeNetwork { pod_cidr: Some((Ipv4Addr::new(10, 244, 0, 0), 24)) };
+    const NET: NodeNetwork = NodeNetwork { pod_cidr: Some((Ipv4Addr::new(10, 244, 0, 0), 24)), cluster_cidr: None };
 
     #[test]
     fn a_cluster_ip_goes_to_the_service_chain_which_picks_one_endpoint_chain_at_random() {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::Value;
 
 use crate::model::ServiceKey;
-use crate::rules::{MapKey, MapName, ServiceRules};
+use crate::rules::{MapKey, MapName, NodeNetwork, ServiceRules};
 use crate::table::Table;
 
 /// The rules applied to the table, by Service. A map entry claimed by two Services (two
@@ -15,9 +15,19 @@ use crate::table::Table;
 pub struct Applied {
     services: HashMap<ServiceKey, ServiceRules>,
     owners: HashMap<(MapName, MapKey), ServiceKey>,
+    /// The node's ranges the pod-egress rule was written for.
+    net: NodeNetwork,
 }
 
 impl Applied {
+    pub fn net(&self) -> NodeNetwork {
+        self.net
+    }
+
+    pub fn set_net(&mut self, net: NodeNetwork) {
+        self.net = net;
+    }
+
     pub fn len(&self) -> usize {
         self.services.len()
     }

@@ -22,7 +22,8 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use serde_json::{Value, json};
 
 use crate::rules::{
-    self, MARK_FOR_MASQUERADE, MapKey, MapName, REJECT, Rule, fib_type_local, goto, jump, meta, payload,
+    self, MARK_FOR_MASQUERADE, MapKey, MapName, NodeNetwork, REJECT, Rule, daddr_in, fib_type_local, goto, jump, meta,
+    payload, saddr_in,
 };
 
 /// The packet mark bit that asks for masquerading (kube-proxy's).
@@ -31,6 +32,8 @@ pub const MASQUERADE_MARK: u32 = 0x4000;
 const SERVICES: &str = "services";
 const ENDPOINTS_CHECK: &str = "endpoints-check";
 const MASQUERADING: &str = "masquerading";
+/// Masquerades pod traffic that leaves the cluster; rewritten when the node's ranges change.
+const POD_EGRESS: &str = "pod-egress";
 
 /// An `ip` family table of the proxy's, by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +63,7 @@ impl Table {
             ("filter-forward", NfChainType::Filter, NfHook::Forward, -10, ENDPOINTS_CHECK),
             ("filter-output", NfChainType::Filter, NfHook::Output, -10, ENDPOINTS_CHECK),
         ];
-        for name in [SERVICES, ENDPOINTS_CHECK, MASQUERADING, MARK_FOR_MASQUERADE, REJECT] {
+        for name in [SERVICES, ENDPOINTS_CHECK, MASQUERADING, MARK_FOR_MASQUERADE, REJECT, POD_EGRESS] {
             cmds.push(self.add_chain(name));
         }
         for map in MapName::ALL {
@@ -95,6 +98,9 @@ impl Table {
             });
             let rule = if type_ == NfChainType::Filter { vec![new_only, jump(target)] } else { vec![jump(target)] };
             cmds.push(self.add_rule(name, &rule));
+            if hook == NfHook::Postrouting {
+                cmds.push(self.add_rule(name, &vec![jump(POD_EGRESS)]));
+            }
         }
         let not_loopback = Statement::Match(Match {
             left: payload("ip", "daddr"),
@@ -154,6 +160,22 @@ impl Table {
             }))],
         ));
         cmds.push(self.add_rule(REJECT, &vec![Statement::Reject(None)]));
+        cmds
+    }
+
+    /// Commands that make the pod-egress chain masquerade what this node's pods send outside the
+    /// cluster (outside their own range when the cluster's is unknown); nothing while the node's
+    /// range is unknown (the pod network's own masquerading, if any, applies then).
+    pub fn pod_egress(&self, net: NodeNetwork) -> Vec<Value> {
+        let mut cmds = vec![self.flush_chain(POD_EGRESS)];
+        if let Some(pods) = net.pod_cidr {
+            let cluster = net.cluster_cidr.unwrap_or(pods);
+            let masquerade = Statement::Masquerade(None);
+            cmds.push(self.add_rule(
+                POD_EGRESS,
+                &vec![saddr_in(pods, Operator::EQ), daddr_in(cluster, Operator::NEQ), masquerade],
+            ));
+        }
         cmds
     }
 

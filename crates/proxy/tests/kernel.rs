@@ -132,7 +132,10 @@ fn port(endpoints: &[Ipv4Addr]) -> ServicePort {
     }
 }
 
-const NET: NodeNetwork = NodeNetwork { pod_cidr: Some((Ipv4Addr::new(10, 244, 7, 0), 24)) };
+const NET: NodeNetwork = NodeNetwork {
+    pod_cidr: Some((Ipv4Addr::new(10, 244, 7, 0), 24)),
+    cluster_cidr: Some((Ipv4Addr::new(10, 244, 0, 0), 16)),
+};
 
 fn rules(p: ServicePort) -> ServiceRules {
     service_rules(&[p], NET)
@@ -158,8 +161,14 @@ async fn cluster_ips_and_node_ports_reach_ready_endpoints_and_a_port_without_end
     let node_port = SocketAddr::from((NODE_IP, 30080));
 
     let all = [(ServiceKey::new("default", "web"), rules(port(&[POD_A])))].into_iter().collect();
-    let (cmds, mut applied) = Applied::rebuild(&table, all);
+    let (mut cmds, mut applied) = Applied::rebuild(&table, all);
+    cmds.extend(table.pod_egress(NET));
     berth_proxy::apply(&host.nft, cmds).await.expect("nft accepts the whole table");
+    assert!(
+        host.ruleset().contains("ip saddr 10.244.7.0/24 ip daddr != 10.244.0.0/16 masquerade"),
+        "pods' traffic leaving the cluster is masqueraded:\n{}",
+        host.ruleset()
+    );
     assert_eq!(host.connect(service).unwrap(), POD_A.to_string(), "ClusterIP → the one endpoint");
     assert_eq!(host.connect(node_port).unwrap(), POD_A.to_string(), "NodePort → the one endpoint");
 

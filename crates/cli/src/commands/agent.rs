@@ -56,6 +56,10 @@ pub struct Args {
     /// The cluster's DNS domain, searched by pods; default cluster.local.
     #[arg(long, value_name = "DOMAIN")]
     cluster_domain: Option<String>,
+    /// Every node's pod range (kube-proxy's flag): pod traffic leaving it is masqueraded;
+    /// default: traffic leaving the node's own range is.
+    #[arg(long, value_name = "CIDR")]
+    cluster_cidr: Option<String>,
 }
 
 /// How often the agent gives back free heap and the code pages it touched since (one read of
@@ -82,6 +86,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         proxy_table: args.proxy_table,
         cluster_dns: args.cluster_dns,
         cluster_domain: args.cluster_domain,
+        cluster_cidr: args.cluster_cidr,
     };
     // The agent wakes often (pod workers, heartbeats): its heap and code pages are trimmed on a
     // timer rather than when quiet.

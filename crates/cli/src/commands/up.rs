@@ -208,6 +208,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         runtime_socket,
         agent_port: args.agent_port,
         probes,
+        cluster_cidr: args.pod_cidr.clone(),
     };
     if args.foreground {
         return supervisor::supervise(plan).await;

@@ -98,7 +98,7 @@ impl Cri {
         }
 
         let cni_dir = config.cni.conf_dir.clone();
-        match berth_cni::config::write_default(&cni_dir, &berth_cni::config::DefaultNetwork::default()) {
+        match berth_cni::config::write_default(&cni_dir, &default_network(&config.root)) {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, dir = %cni_dir.display(), "writing the default CNI config failed"),
         }
@@ -252,4 +252,9 @@ fn find_monitor() -> Option<PathBuf> {
         return Some(found);
     }
     crate::config::find_on_path(name, &std::env::var_os("PATH").unwrap_or_default())
+}
+
+/// berth's default network for a runtime whose state lives in `root`: its IP allocations too.
+pub(crate) fn default_network(root: &std::path::Path) -> berth_cni::config::DefaultNetwork {
+    berth_cni::config::DefaultNetwork { ipam_data_dir: root.join("cni").join("networks"), ..Default::default() }
 }

@@ -90,7 +90,7 @@ impl Cri {
         }
         let conf_dir = &self.config.cni.conf_dir;
         use berth_cni::PodCidrOutcome::*;
-        match berth_cni::follow_pod_cidr(conf_dir, &berth_cni::DefaultNetwork::default(), &cidr) {
+        match berth_cni::follow_pod_cidr(conf_dir, &super::default_network(&self.config.root), &cidr) {
             Ok(Moved { path, from }) => {
                 tracing::info!(pod_cidr = %cidr, %from, path = %path.display(), "default pod network moved to the pod CIDR")
             }

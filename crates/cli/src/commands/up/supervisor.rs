@@ -101,6 +101,8 @@ pub struct Plan {
     pub runtime_socket: PathBuf,
     pub agent_port: u16,
     pub probes: Vec<Probe>,
+    /// The cluster's pod range (`--pod-cidr`), for the agent's egress masquerading.
+    pub cluster_cidr: String,
 }
 
 impl Plan {
@@ -130,6 +132,7 @@ impl Plan {
                 args.extend(["--proxy-table".into(), l.proxy_table().into()]);
                 // The server's default Service range puts its cluster DNS at this address.
                 args.extend(["--cluster-dns".into(), CLUSTER_DNS.into()]);
+                args.extend(["--cluster-cidr".into(), self.cluster_cidr.clone().into()]);
             }
         }
         args
@@ -668,6 +671,7 @@ mod tests {
             runtime_socket: "/run/x.sock".into(),
             agent_port: 10251,
             probes: vec![],
+            cluster_cidr: "10.244.0.0/16".into(),
         };
         let words = |name| shell_words(&plan.args(name));
         assert_eq!(words(Name::Runtime), "runtime --config /d/runtime/runtime.toml");
@@ -676,7 +680,7 @@ mod tests {
             words(Name::Agent),
             "agent --kubeconfig /d/agent/node.kubeconfig --node-name n1 --container-runtime-endpoint \
              container:berth:unix:///run/x.sock --port 10251 --root-dir /d/agent --proxy-table berth-b49cd0ae \
-             --cluster-dns 10.96.0.10"
+             --cluster-dns 10.96.0.10 --cluster-cidr 10.244.0.0/16"
         );
         assert_eq!(plan.api_kubeconfig(), Path::new("/d/admin.kubeconfig"));
     }
