@@ -44,6 +44,8 @@ const NODE: &str = "node-http";
 /// networks of tests running at the same time apart.
 struct Env {
     dir: tempfile::TempDir,
+    /// Names the pod network's bridge (`berthht<slot>`).
+    slot: u8,
     _registry: Registry,
     image: String,
     cri: RuntimeServiceClient<Channel>,
@@ -83,6 +85,8 @@ impl Drop for Env {
         if let Some(stop) = self.runtime_stop.take() {
             let _ = stop.send(());
         }
+        // The bridge plugin leaves its bridge behind.
+        let _ = std::process::Command::new("ip").args(["link", "del", &format!("berthht{}", self.slot)]).output();
     }
 }
 
@@ -206,6 +210,7 @@ impl Env {
 
         Env {
             dir,
+            slot,
             _registry: registry,
             image,
             cri: RuntimeServiceClient::new(channel),

@@ -20,8 +20,9 @@ pub fn pod_hostname(pod: &core::Pod) -> String {
     name[..63].trim_end_matches(['-', '.']).to_string()
 }
 
-/// The file's content. `node_hosts` is the node's `/etc/hosts` (used on the host network).
-pub fn content(pod: &core::Pod, pod_ips: &[String], node_hosts: &str) -> String {
+/// The file's content. `node_hosts` is the node's `/etc/hosts` (used on the host network); a pod
+/// with a `subdomain` is also listed under its fully qualified name in `cluster_domain`.
+pub fn content(pod: &core::Pod, pod_ips: &[String], node_hosts: &str, cluster_domain: &str) -> String {
     let spec = pod.spec.as_ref();
     let mut out = String::new();
     if spec.and_then(|s| s.host_network).unwrap_or(false) {
@@ -36,8 +37,16 @@ pub fn content(pod: &core::Pod, pod_ips: &[String], node_hosts: &str) -> String 
              fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
         );
         let hostname = pod_hostname(pod);
+        let subdomain = spec.and_then(|s| s.subdomain.as_deref()).filter(|s| !s.is_empty());
+        let names = match subdomain {
+            Some(sub) => {
+                let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                format!("{hostname}.{sub}.{ns}.svc.{cluster_domain}\t{hostname}")
+            }
+            None => hostname,
+        };
         for ip in pod_ips {
-            out.push_str(&format!("{ip}\t{hostname}\n"));
+            out.push_str(&format!("{ip}\t{names}\n"));
         }
     }
     let aliases = spec.and_then(|s| s.host_aliases.as_ref()).filter(|a| !a.is_empty());
@@ -71,7 +80,7 @@ mod tests {
         let p = pod(json!({"containers": [], "hostAliases": [
             {"ip": "123.45.67.89", "hostnames": ["foo", "bar"]}, {"ip": "10.0.0.9", "hostnames": ["baz"]}]}));
         assert_eq!(
-            content(&p, &["10.88.0.7".into()], "ignored"),
+            content(&p, &["10.88.0.7".into()], "ignored", "cluster.local"),
             "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
              fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n\
              10.88.0.7\tweb-0\n\n# Entries added by HostAliases.\n123.45.67.89\tfoo\tbar\n10.0.0.9\tbaz\n"
@@ -83,7 +92,7 @@ mod tests {
         let p =
             pod(json!({"containers": [], "hostNetwork": true, "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a"]}]}));
         assert_eq!(
-            content(&p, &["192.0.2.2".into()], "127.0.0.1 localhost\n192.0.2.2 node-a"),
+            content(&p, &["192.0.2.2".into()], "127.0.0.1 localhost\n192.0.2.2 node-a", "cluster.local"),
             "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n192.0.2.2 node-a\n\n\
              # Entries added by HostAliases.\n1.2.3.4\ta\n"
         );
@@ -108,5 +117,16 @@ mod tests {
         assert!(!mounted_for(&own, &ips));
         assert!(mounted_for(&plain, &ips));
         assert!(!mounted_for(&plain, &[]));
+    }
+
+    #[test]
+    fn a_pod_with_a_subdomain_is_listed_under_its_fully_qualified_name_too() {
+        let p: core::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-0", "namespace": "team"},
+            "spec": {"hostname": "web-0", "subdomain": "web", "containers": []}
+        }))
+        .unwrap();
+        let text = content(&p, &["10.244.0.7".into()], "ignored", "cluster.local");
+        assert!(text.contains("10.244.0.7\tweb-0.web.team.svc.cluster.local\tweb-0\n"), "{text}");
     }
 }

@@ -1324,7 +1324,7 @@ impl Worker {
             let node_hosts = std::fs::read_to_string(hosts::ETC_HOSTS).unwrap_or_default();
             let tmp = file.with_extension("tmp");
             std::fs::create_dir_all(file.parent().unwrap_or(&self.ctx.root_dir))?;
-            std::fs::write(&tmp, hosts::content(&self.pod, pod_ips, &node_hosts))?;
+            std::fs::write(&tmp, hosts::content(&self.pod, pod_ips, &node_hosts, &self.ctx.dns.cluster_domain))?;
             std::fs::rename(&tmp, &file)?;
         }
         Ok(file)

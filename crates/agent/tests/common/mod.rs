@@ -426,6 +426,8 @@ pub struct Runtime {
     pub dir: tempfile::TempDir,
     starts: u32,
     netns: Option<String>,
+    /// The bridge of the harness's own network, deleted on drop (the bridge plugin leaves it).
+    own_bridge: Option<String>,
 }
 
 impl Runtime {
@@ -441,6 +443,7 @@ impl Runtime {
     fn start_with(b: RuntimeBuilder) -> Runtime {
         static NETWORKS: AtomicU32 = AtomicU32::new(0);
         let dir = tempfile::tempdir().unwrap();
+        let generated = b.network.is_none() && !b.berth_default_network && b.netns.is_none();
         let (bridge, subnet) = b.network.clone().unwrap_or_else(|| {
             // Distinct per test process and per runtime in it, so parallel tests do not share a bridge.
             let n = std::process::id().wrapping_mul(31).wrapping_add(NETWORKS.fetch_add(1, Ordering::Relaxed));
@@ -480,7 +483,8 @@ impl Runtime {
             config.push_str(&format!("[registries.\"{host}\"]\ninsecure = true\n"));
         }
         std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
-        let mut runtime = Runtime { process: None, dir, starts: 0, netns: b.netns };
+        let own_bridge = generated.then(|| bridge.clone());
+        let mut runtime = Runtime { process: None, dir, starts: 0, netns: b.netns, own_bridge };
         runtime.spawn();
         runtime
     }
@@ -576,16 +580,18 @@ impl Drop for Runtime {
         let sandboxes = std::fs::read_dir(self.dir.path().join("root/sandboxes"))
             .map(|mut entries| entries.next().is_some())
             .unwrap_or(false);
-        if !sandboxes {
-            return;
+        if sandboxes {
+            if self.process.is_none() {
+                // Down at the end of the test: up once more to clean up what it left running.
+                self.spawn();
+            }
+            self.remove_all_pods();
+            if let Some(p) = self.process.as_mut() {
+                p.stop();
+            }
         }
-        if self.process.is_none() {
-            // Down at the end of the test: up once more to clean up what it left running.
-            self.spawn();
-        }
-        self.remove_all_pods();
-        if let Some(p) = self.process.as_mut() {
-            p.stop();
+        if let Some(bridge) = &self.own_bridge {
+            let _ = Command::new("ip").args(["link", "del", bridge]).output();
         }
     }
 }
