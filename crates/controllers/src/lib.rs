@@ -1,5 +1,5 @@
 //! The controllers of the control plane (ReplicaSet, ReplicationController, Deployment, garbage collector,
-//! node lifecycle, node IPAM, namespace, EndpointSlice, Endpoints, ServiceAccount, root CA publisher),
+//! node lifecycle, node IPAM, namespace, EndpointSlice, EndpointSlice mirroring, Endpoints, ServiceAccount, root CA publisher),
 //! through the Kubernetes API only.
 //!
 //! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
@@ -43,6 +43,7 @@ pub const CONTROLLERS: &[&str] = &[
     "namespace",
     "endpointslice",
     "endpoint",
+    "endpointslicemirroring",
     "serviceaccount",
     "root-ca-cert-publisher",
 ];
@@ -182,6 +183,7 @@ pub async fn run(ctx: Arc<Context>, enabled: &BTreeSet<&'static str>) {
             "namespace" => tasks.spawn(namespace::run(ctx)),
             "endpointslice" => tasks.spawn(endpoints::run_endpoint_slices(ctx)),
             "endpoint" => tasks.spawn(endpoints::run_endpoints(ctx)),
+            "endpointslicemirroring" => tasks.spawn(endpoints::mirroring::run(ctx)),
             "serviceaccount" => tasks.spawn(serviceaccount::run(ctx)),
             "root-ca-cert-publisher" => match ctx.config.root_ca.clone() {
                 Some(ca) => tasks.spawn(root_ca_publisher::run(ctx, ca)),

@@ -299,3 +299,48 @@ async fn endpoints_left_by_a_service_deleted_while_no_controller_ran_are_deleted
     .await;
     assert!(c.api::<Endpoints>().get_opt("lock").await.unwrap().is_some(), "a leader-election lock is kept");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_of_a_selectorless_service_are_mirrored_into_slices_that_follow_them() {
+    let c = Cluster::start().await;
+    let ctx = Context::new(c.client.clone(), Config::default());
+    let mirroring = tokio::spawn(endpoints::mirroring::run(ctx));
+    let svc: Service =
+        serde_json::from_value(json!({"metadata": {"name": "ext"}, "spec": {"ports": [{"name": "http", "port": 80}]}}))
+            .unwrap();
+    c.api::<Service>().create(&PostParams::default(), &svc).await.unwrap();
+    let ep = |ip: &str| -> Endpoints {
+        serde_json::from_value(json!({"metadata": {"name": "ext"},
+            "subsets": [{"addresses": [{"ip": ip}], "ports": [{"name": "http", "port": 8080}]}]}))
+        .unwrap()
+    };
+    c.api::<Endpoints>().create(&PostParams::default(), &ep("10.9.0.1")).await.unwrap();
+    let mirrored = |ip: &'static str| {
+        let api = c.api::<EndpointSlice>();
+        async move {
+            let lp = ListParams::default().labels(&format!(
+                "kubernetes.io/service-name=ext,endpointslice.kubernetes.io/managed-by={}",
+                endpoints::mirroring::MIRRORING_MANAGED_BY
+            ));
+            let slices = api.list(&lp).await.unwrap().items;
+            let addresses: Vec<String> =
+                slices.iter().flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.clone())).collect();
+            let port = slices.first().and_then(|s| s.ports.as_ref()?.first()?.port);
+            if addresses == [ip] && port == Some(8080) { Ok(()) } else { Err(format!("{addresses:?} port {port:?}")) }
+        }
+    };
+    eventually("the Endpoints mirrored", || mirrored("10.9.0.1")).await;
+    let mut changed = c.api::<Endpoints>().get("ext").await.unwrap();
+    changed.subsets = ep("10.9.0.2").subsets;
+    c.api::<Endpoints>().replace("ext", &PostParams::default(), &changed).await.unwrap();
+    eventually("the change mirrored", || mirrored("10.9.0.2")).await;
+    c.api::<Endpoints>().delete("ext", &DeleteParams::default()).await.unwrap();
+    eventually("the mirrored slices gone with their Endpoints", || async {
+        let slices =
+            c.api::<EndpointSlice>().list(&ListParams::default().labels("kubernetes.io/service-name=ext")).await;
+        let left = slices.unwrap().items.len();
+        if left == 0 { Ok(()) } else { Err(format!("{left} slices left")) }
+    })
+    .await;
+    mirroring.abort();
+}

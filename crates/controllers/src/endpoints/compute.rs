@@ -304,7 +304,15 @@ fn content_of(s: &discovery::EndpointSlice) -> SliceContent {
 /// Reuses existing slices with the same ports (in name order) for the desired contents, updating
 /// those whose endpoints or labels differ, creates what is missing and deletes the rest.
 pub fn plan_slices(svc: &Service, desired: Vec<SliceContent>, existing: &[discovery::EndpointSlice]) -> SlicePlan {
-    let meta = slice_meta(svc);
+    plan_slices_with(&slice_meta(svc), desired, existing)
+}
+
+/// [`plan_slices`] for slices whose new ones get `meta` (their labels also go on reused ones).
+pub fn plan_slices_with(
+    meta: &ObjectMeta,
+    desired: Vec<SliceContent>,
+    existing: &[discovery::EndpointSlice],
+) -> SlicePlan {
     let mut plan = SlicePlan::default();
     let mut existing: Vec<&discovery::EndpointSlice> = existing.iter().collect();
     existing.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));

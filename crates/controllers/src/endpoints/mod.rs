@@ -14,6 +14,7 @@
 //! Endpoints hold at most 1000 addresses (`endpoints.kubernetes.io/over-capacity: truncated`).
 
 pub mod compute;
+pub mod mirroring;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
