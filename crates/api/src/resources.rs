@@ -1,6 +1,6 @@
 //! The resource types the control plane serves: names, scope, subresources, and typed decoding.
 
-use k8s_openapi::api::{apps, coordination, core, discovery, events, node};
+use k8s_openapi::api::{apps, coordination, core, discovery, events, networking, node};
 use serde_json::Value;
 
 /// One served resource, e.g. `pods` in core/v1 or `runtimeclasses` in node.k8s.io/v1.
@@ -64,6 +64,9 @@ impl ResourceType {
             ("apps", "ReplicaSet") => rt::<apps::v1::ReplicaSet>(obj),
             ("", "ReplicationController") => rt::<core::v1::ReplicationController>(obj),
             ("", "PodTemplate") => rt::<core::v1::PodTemplate>(obj),
+            ("networking.k8s.io", "Ingress") => rt::<networking::v1::Ingress>(obj),
+            ("networking.k8s.io", "IngressClass") => rt::<networking::v1::IngressClass>(obj),
+            ("networking.k8s.io", "NetworkPolicy") => rt::<networking::v1::NetworkPolicy>(obj),
             _ => Err(format!("no decoder for {}", self.kind)),
         }
     }
@@ -139,6 +142,32 @@ pub static RUNTIMECLASSES: ResourceType = rtype!(
     false,
     "runtimeclasses"
 );
+pub static INGRESSES: ResourceType =
+    rtype!("networking.k8s.io", "Ingress", "ingresses", "ingress", true, &["ing"], &[], true, false, "ingress");
+pub static INGRESSCLASSES: ResourceType = rtype!(
+    "networking.k8s.io",
+    "IngressClass",
+    "ingressclasses",
+    "ingressclass",
+    false,
+    &[],
+    &[],
+    false,
+    false,
+    "ingressclasses"
+);
+pub static NETWORKPOLICIES: ResourceType = rtype!(
+    "networking.k8s.io",
+    "NetworkPolicy",
+    "networkpolicies",
+    "networkpolicy",
+    true,
+    &["netpol"],
+    &[],
+    false,
+    false,
+    "networkpolicies"
+);
 pub static DEPLOYMENTS: ResourceType =
     rtype!("apps", "Deployment", "deployments", "deployment", true, &["deploy"], &["all"], true, true, "deployments");
 pub static REPLICASETS: ResourceType =
@@ -177,6 +206,9 @@ pub static ALL: &[&ResourceType] = &[
     &DEPLOYMENTS,
     &REPLICASETS,
     &ENDPOINTSLICES,
+    &INGRESSES,
+    &INGRESSCLASSES,
+    &NETWORKPOLICIES,
 ];
 
 /// The resource served at `group/version` under `plural`.

@@ -713,6 +713,30 @@ mod tests {
     }
 
     #[test]
+    fn proxy_requests_are_authorized_by_method_on_the_proxy_subresource_and_never_for_a_node() {
+        for (method, verb) in
+            [(Method::GET, "get"), (Method::POST, "create"), (Method::PUT, "update"), (Method::DELETE, "delete")]
+        {
+            let Request::Resource(r) = req(method.clone(), "/api/v1/namespaces/default/pods/web:8080/proxy/a/b?x=1")
+            else {
+                panic!("not a resource request");
+            };
+            assert_eq!(
+                (r.verb.as_str(), r.resource.as_str(), r.subresource.as_str(), r.name.as_str()),
+                (verb, "pods", "proxy", "web:8080")
+            );
+            for path in ["/api/v1/namespaces/default/pods/web/proxy/", "/api/v1/namespaces/default/services/s:80/proxy"]
+            {
+                assert_eq!(as_node_a(method.clone(), path), deny(""), "{method} {path}");
+            }
+        }
+        assert_eq!(
+            denied_message(&node_a(), Method::GET, "/api/v1/namespaces/default/pods/web/proxy/x", &nothing_referenced),
+            "pods \"web\" is forbidden: User \"system:node:node-a\" cannot get resource \"pods/proxy\" in API group \"\" in the namespace \"default\""
+        );
+    }
+
+    #[test]
     fn a_node_reads_only_secrets_and_configmaps_its_pods_reference() {
         let graph = |kind: Referenced, ns: &str, name: &str| {
             (kind, ns, name) == (Referenced::Secret, "default", "mounted")

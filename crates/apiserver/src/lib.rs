@@ -12,6 +12,7 @@ pub mod delete;
 pub mod discovery;
 pub mod error;
 pub mod handlers;
+pub mod http_proxy;
 pub mod lifecycle;
 pub mod metrics;
 pub mod negotiation;
@@ -130,6 +131,12 @@ pub fn router(state: Arc<ApiState>) -> Router {
             get(proxy::portforward).post(proxy::portforward),
         )
         .route("/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", any(tokenrequest::serve))
+        .route("/api/v1/namespaces/{namespace}/pods/{name}/proxy", any(http_proxy::pod))
+        .route("/api/v1/namespaces/{namespace}/pods/{name}/proxy/", any(http_proxy::pod))
+        .route("/api/v1/namespaces/{namespace}/pods/{name}/proxy/{*path}", any(http_proxy::pod))
+        .route("/api/v1/namespaces/{namespace}/services/{name}/proxy", any(http_proxy::service))
+        .route("/api/v1/namespaces/{namespace}/services/{name}/proxy/", any(http_proxy::service))
+        .route("/api/v1/namespaces/{namespace}/services/{name}/proxy/{*path}", any(http_proxy::service))
         .route("/api/v1/{*rest}", any(handlers::core_entry))
         .route("/apis/authentication.k8s.io/v1/tokenreviews", any(tokenreview::serve))
         .route("/apis/authentication.k8s.io/v1/selfsubjectreviews", any(accessreview::self_subject))

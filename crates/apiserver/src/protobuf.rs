@@ -61,6 +61,7 @@ const GROUP_PACKAGES: &[(&str, &str)] = &[
     ("coordination.k8s.io", "k8s.io.api.coordination"),
     ("discovery.k8s.io", "k8s.io.api.discovery"),
     ("events.k8s.io", "k8s.io.api.events"),
+    ("networking.k8s.io", "k8s.io.api.networking"),
     ("node.k8s.io", "k8s.io.api.node"),
     ("rbac.authorization.k8s.io", "k8s.io.api.rbac"),
 ];
@@ -1539,6 +1540,7 @@ mod tests {
     /// `v` read into k8s-openapi's type for the kind and written back: a field name or value shape that
     /// k8s-openapi (generated from Kubernetes' OpenAPI, not from the .proto) does not know is lost.
     fn through_k8s_openapi(api_version: &str, kind: &str, v: &Value) -> Value {
+        use k8s_openapi::api::networking::v1 as networking;
         use k8s_openapi::api::{apps::v1 as apps, coordination::v1 as coordination, core::v1 as core};
         use k8s_openapi::api::{discovery::v1 as discovery, events::v1 as events, node::v1 as node};
         fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Value {
@@ -1581,6 +1583,9 @@ mod tests {
             "apps/v1" "Deployment" apps::Deployment,
             "apps/v1" "ReplicaSet" apps::ReplicaSet,
             "discovery.k8s.io/v1" "EndpointSlice" discovery::EndpointSlice,
+            "networking.k8s.io/v1" "Ingress" networking::Ingress,
+            "networking.k8s.io/v1" "IngressClass" networking::IngressClass,
+            "networking.k8s.io/v1" "NetworkPolicy" networking::NetworkPolicy,
         }
     }
 
