@@ -54,6 +54,7 @@ enum Kind {
     Service,
     Endpoints,
     EndpointSlice,
+    Ingress,
     Other,
 }
 
@@ -76,6 +77,7 @@ fn kind_of(rt: &ResourceType) -> Kind {
         ("", "Service") => Kind::Service,
         ("", "Endpoints") => Kind::Endpoints,
         ("discovery.k8s.io", "EndpointSlice") => Kind::EndpointSlice,
+        ("networking.k8s.io", "Ingress") => Kind::Ingress,
         _ => Kind::Other,
     }
 }
@@ -88,21 +90,33 @@ pub fn returns_deleted_object(rt: &ResourceType) -> bool {
 }
 
 /// Whether an update through `/status` also takes the client's metadata changes (labels,
-/// annotations, ...), as the kind's status strategy says: a namespace's resets only its spec;
-/// for the other kinds here only the status goes through.
+/// annotations, ...), as the kind's status strategy says: a namespace's, a Service's and an
+/// Ingress's reset only their spec; for the other kinds here only the status goes through.
 pub fn status_update_takes_metadata(rt: &ResourceType) -> bool {
-    matches!(kind_of(rt), Kind::Namespace)
+    matches!(kind_of(rt), Kind::Namespace | Kind::Service | Kind::Ingress)
 }
 
 /// The status strategy's preparation of an update through `/status` of a kind that takes
 /// metadata changes there: the spec stays as stored; a namespace keeps its name label.
 pub fn prepare_for_status_update(rt: &ResourceType, new: &mut Value, old: &Value) {
-    if let Kind::Namespace = kind_of(rt) {
-        let old_ns: Option<core::Namespace> = decode(old);
-        edit::<core::Namespace>(new, |ns| {
-            label_namespace(ns);
-            ns.spec = old_ns.and_then(|o| o.spec);
-        })
+    match kind_of(rt) {
+        Kind::Namespace => {
+            let old_ns: Option<core::Namespace> = decode(old);
+            edit::<core::Namespace>(new, |ns| {
+                label_namespace(ns);
+                ns.spec = old_ns.and_then(|o| o.spec);
+            })
+        }
+        Kind::Service | Kind::Ingress => match (new.as_object_mut(), old.get("spec")) {
+            (Some(obj), Some(spec)) => {
+                obj.insert("spec".into(), spec.clone());
+            }
+            (Some(obj), None) => {
+                obj.remove("spec");
+            }
+            _ => {}
+        },
+        _ => {}
     }
 }
 
@@ -127,6 +141,7 @@ pub fn garbage_collection_policy(rt: &ResourceType) -> GarbageCollectionPolicy {
         | Kind::Service
         | Kind::Endpoints
         | Kind::EndpointSlice
+        | Kind::Ingress
         | Kind::Other => GarbageCollectionPolicy::DeleteDependents,
     }
 }
@@ -457,6 +472,7 @@ pub fn prepare_for_create(rt: &ResourceType, obj: &mut Value) {
         | Kind::EventV1
         | Kind::Lease
         | Kind::RuntimeClass
+        | Kind::Ingress
         | Kind::Other => {}
     }
 }
@@ -546,6 +562,7 @@ pub fn prepare_for_update(rt: &ResourceType, new: &mut Value, old: &Value) {
         | Kind::EventV1
         | Kind::Lease
         | Kind::RuntimeClass
+        | Kind::Ingress
         | Kind::Other => {}
     }
 }
@@ -1422,7 +1439,7 @@ pub fn validate_create(rt: &ResourceType, obj: &Value) -> Vec<FieldError> {
         }
         Kind::Endpoints => meta_only(true),
         // Events are validated lightly: their metadata only.
-        Kind::ServiceAccount | Kind::Event | Kind::EventV1 | Kind::Other => meta_only(rt.namespaced),
+        Kind::ServiceAccount | Kind::Event | Kind::EventV1 | Kind::Ingress | Kind::Other => meta_only(rt.namespaced),
     }
 }
 
@@ -1540,7 +1557,9 @@ pub fn validate_update(rt: &ResourceType, new: &Value, old: &Value) -> Vec<Field
             }
             errs
         }
-        Kind::ServiceAccount | Kind::Endpoints | Kind::Event | Kind::EventV1 | Kind::Other => meta_update(),
+        Kind::ServiceAccount | Kind::Endpoints | Kind::Event | Kind::EventV1 | Kind::Ingress | Kind::Other => {
+            meta_update()
+        }
     }
 }
 
@@ -2364,5 +2383,20 @@ mod tests {
         for rt in [&DEPLOYMENTS, &REPLICASETS, &PODS, &CONFIGMAPS, &NAMESPACES] {
             assert_eq!(garbage_collection_policy(rt), GarbageCollectionPolicy::DeleteDependents, "{}", rt.plural);
         }
+    }
+
+    #[test]
+    fn a_services_or_ingresss_status_update_takes_metadata_but_keeps_the_stored_spec() {
+        use crate::resources::{INGRESSES, SERVICES};
+        for rt in [&SERVICES, &INGRESSES] {
+            assert!(status_update_takes_metadata(rt), "{}", rt.kind);
+            let old = serde_json::json!({"metadata": {"name": "a"}, "spec": {"ports": [{"port": 80}]}});
+            let mut new = serde_json::json!({"metadata": {"name": "a", "annotations": {"patchedstatus": "true"}},
+                "spec": {"ports": [{"port": 81}]}, "status": {"loadBalancer": {}}});
+            prepare_for_status_update(rt, &mut new, &old);
+            assert_eq!(new["spec"], old["spec"], "{}", rt.kind);
+            assert_eq!(new["metadata"]["annotations"]["patchedstatus"], "true");
+        }
+        assert!(!status_update_takes_metadata(&crate::resources::PODS));
     }
 }

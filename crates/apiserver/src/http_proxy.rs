@@ -64,6 +64,19 @@ async fn serve(state: Arc<ApiState>, params: Vec<(String, String)>, req: Request
     let verb = verb(req.method());
     let param = |key: &str| params.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or_default();
     let (namespace, id) = (param("namespace").to_string(), param("name").to_string());
+    // kube-apiserver sends GET and HEAD of `…/proxy` to `…/proxy/`, so relative links resolve.
+    if req.uri().path().ends_with("/proxy") && matches!(*req.method(), Method::GET | Method::HEAD) {
+        let location = match req.uri().query() {
+            Some(q) => format!("{}/?{q}", req.uri().path()),
+            None => format!("{}/", req.uri().path()),
+        };
+        let response = Response::builder()
+            .status(StatusCode::MOVED_PERMANENTLY)
+            .header(header::LOCATION, location)
+            .body(Body::empty())
+            .unwrap_or_else(|e| ApiError::internal(e.to_string()).into_response());
+        return response;
+    }
     let destination = match kind {
         Kind::Pod => locate_pod(&state, &namespace, &id).await,
         Kind::Service => locate_service(&state, &namespace, &id).await,
@@ -292,6 +305,32 @@ async fn locate_service(state: &ApiState, namespace: &str, raw_id: &str) -> ApiR
 // ---------------------------------------------------------------------------------------------
 // Forwarding
 
+/// The path up to and including `…/{name}/proxy`: what links in proxied answers are put under.
+pub fn proxy_prefix(raw_path: &str) -> &str {
+    let end = raw_path.splitn(9, '/').take(8).map(|s| s.len() + 1).sum::<usize>().saturating_sub(1);
+    &raw_path[..end.min(raw_path.len())]
+}
+
+/// Biggest HTML answer whose links are rewritten; bigger ones pass through as they are.
+const MAX_REWRITTEN_HTML: usize = 16 << 20;
+
+/// `html` with the absolute paths in its link attributes put under `prefix`, as kube-apiserver
+/// rewrites proxied HTML so its links lead back through the proxy.
+pub fn rewrite_html(html: &str, prefix: &str) -> String {
+    static LINK: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let link = LINK.get_or_init(|| {
+        regex::Regex::new(
+            r#"(?i)(\s(?:href|src|action|formaction|cite|background|codebase|data|poster|longdesc|usemap|icon|manifest|profile|classid)\s*=\s*)(["']?)(/[^"'\s>]*)"#,
+        )
+        .expect("the link pattern compiles")
+    });
+    link.replace_all(html, |c: &regex::Captures<'_>| {
+        // `//host/path` is another host's, not this server's.
+        if c[3].starts_with("//") { c[0].to_string() } else { format!("{}{}{prefix}{}", &c[1], &c[2], &c[3]) }
+    })
+    .into_owned()
+}
+
 /// The path after `…/{name}/proxy`, `/` when empty, as the client sent it (still escaped).
 pub fn remaining_path(raw_path: &str) -> String {
     // "", "api", "v1", "namespaces", ns, kind, name, "proxy", rest…
@@ -358,6 +397,7 @@ fn unreachable(cause: impl std::fmt::Display) -> ApiError {
 /// streaming; a `101` splices the two connections.
 async fn forward(to: &Destination, mut req: Request) -> ApiResult<Response> {
     let authority = to.authority();
+    let prefix = proxy_prefix(req.uri().path()).to_string();
     let path = remaining_path(req.uri().path());
     let path_and_query = match req.uri().query() {
         Some(q) => format!("{path}?{q}"),
@@ -419,6 +459,34 @@ async fn forward(to: &Destination, mut req: Request) -> ApiResult<Response> {
             }
         });
         return response.body(Body::empty()).map_err(|e| ApiError::internal(e.to_string()));
+    }
+    let headers = response.headers_mut().expect("the builder has no error yet");
+    if let Some(location) = headers.get(header::LOCATION).and_then(|l| l.to_str().ok())
+        && location.starts_with('/')
+        && !location.starts_with("//")
+        && let Ok(under) = HeaderValue::from_str(&format!("{prefix}{location}"))
+    {
+        headers.insert(header::LOCATION, under);
+    }
+    let html = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .is_some_and(|t| t.trim_start().to_ascii_lowercase().starts_with("text/html"));
+    let encoded = headers.contains_key(header::CONTENT_ENCODING);
+    let small = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|l| l.to_str().ok()?.parse::<usize>().ok())
+        .is_none_or(|l| l <= MAX_REWRITTEN_HTML);
+    if html && !encoded && small {
+        let body =
+            http_body_util::BodyExt::collect(http_body_util::Limited::new(answer.into_body(), MAX_REWRITTEN_HTML))
+                .await
+                .map_err(|e| unreachable(format!("reading the answer: {e}")))?
+                .to_bytes();
+        let text = String::from_utf8_lossy(&body);
+        let rewritten = rewrite_html(&text, &prefix);
+        headers.remove(header::CONTENT_LENGTH);
+        return response.body(Body::from(rewritten)).map_err(|e| ApiError::internal(e.to_string()));
     }
     response.body(Body::new(answer.into_body())).map_err(|e| ApiError::internal(e.to_string()))
 }
@@ -557,6 +625,21 @@ mod tests {
         let empty = [slice("svc", json!([{"port": 8080}]), json!([]))];
         let err = service_destination(&svc, &empty, "svc:80", &id("svc:80"), |_| 0).unwrap_err();
         assert_eq!((err.code, err.message.as_str()), (503, "no endpoints available for service \"svc\""));
+    }
+
+    #[test]
+    fn links_in_proxied_html_are_put_under_the_proxy_path() {
+        let prefix = proxy_prefix("/api/v1/namespaces/ns/pods/http:web:1080/proxy/some/page");
+        assert_eq!(prefix, "/api/v1/namespaces/ns/pods/http:web:1080/proxy");
+        assert_eq!(
+            proxy_prefix("/api/v1/namespaces/ns/services/web/proxy"),
+            "/api/v1/namespaces/ns/services/web/proxy"
+        );
+        let html = r#"<a href="/rewriteme">test</a> <img src='/i.png'> <a href="//cdn/x">x</a> <a href="rel">r</a>"#;
+        assert_eq!(
+            rewrite_html(html, "/p"),
+            r#"<a href="/p/rewriteme">test</a> <img src='/p/i.png'> <a href="//cdn/x">x</a> <a href="rel">r</a>"#
+        );
     }
 
     #[test]

@@ -191,13 +191,21 @@ async fn requests_reach_the_pod_with_method_path_query_and_body_and_its_answer_c
     let (code, headers, _) = api.call("HEAD", &format!("{base}/"), &[], "").await;
     assert_eq!((code, &headers["x-echo"]), (StatusCode::CREATED, &"yes".parse().unwrap()));
 
-    let (_, _, body) = api.call("GET", &base, &[], "").await;
+    let (code, headers, _) = api.call("GET", &format!("{base}?q=1"), &[], "").await;
+    let location = headers["location"].to_str().unwrap();
+    assert_eq!(
+        (code, location),
+        (StatusCode::MOVED_PERMANENTLY, format!("{base}/?q=1").as_str()),
+        "GET adds the slash"
+    );
+    let (_, _, body) = api.call("POST", &base, &[], "").await;
     assert_eq!(seen(&body)["path"], "/", "no path is the root");
 
     let (code, headers, body) = api.call("GET", &format!("{base}/redirect"), &[], "").await;
     assert_eq!(
         (code, headers["location"].to_str().unwrap(), body.as_str()),
-        (StatusCode::FOUND, "/elsewhere", "moved")
+        (StatusCode::FOUND, format!("{base}/elsewhere").as_str(), "moved"),
+        "a redirect to the pod's own path stays behind the proxy"
     );
 }
 
