@@ -43,8 +43,16 @@ impl ResourceType {
     /// Unknown fields are dropped; a field of the wrong type is an error naming it.
     pub fn roundtrip(&self, obj: &Value) -> Result<Value, String> {
         fn rt<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> Result<Value, String> {
-            let typed: T = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
-            serde_json::to_value(typed).map_err(|e| e.to_string())
+            // Go writes a zero `metav1.Time` as null, which the typed conditions cannot hold: it
+            // goes through as Go's zero time and comes back as null.
+            let mut v = v.clone();
+            let zeroed = set_null_transition_times(&mut v, Value::String(ZERO_TIME.into()));
+            let typed: T = serde_json::from_value(v).map_err(|e| e.to_string())?;
+            let mut out = serde_json::to_value(typed).map_err(|e| e.to_string())?;
+            if zeroed {
+                restore_zero_transition_times(&mut out);
+            }
+            Ok(out)
         }
         match (self.group, self.kind) {
             ("", "Namespace") => rt::<core::v1::Namespace>(obj),
@@ -68,6 +76,33 @@ impl ResourceType {
             ("networking.k8s.io", "IngressClass") => rt::<networking::v1::IngressClass>(obj),
             ("networking.k8s.io", "NetworkPolicy") => rt::<networking::v1::NetworkPolicy>(obj),
             _ => Err(format!("no decoder for {}", self.kind)),
+        }
+    }
+}
+
+/// Go's zero `time.Time`, as RFC 3339.
+const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+/// Sets each `status.conditions[*].lastTransitionTime` that is null to `to`; whether any was.
+fn set_null_transition_times(obj: &mut Value, to: Value) -> bool {
+    let mut any = false;
+    if let Some(conditions) = obj.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+        for c in conditions {
+            if let Some(t) = c.get_mut("lastTransitionTime").filter(|t| t.is_null()) {
+                *t = to.clone();
+                any = true;
+            }
+        }
+    }
+    any
+}
+
+fn restore_zero_transition_times(obj: &mut Value) {
+    if let Some(conditions) = obj.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+        for c in conditions {
+            if let Some(t) = c.get_mut("lastTransitionTime").filter(|t| t.as_str() == Some(ZERO_TIME)) {
+                *t = Value::Null;
+            }
         }
     }
 }
@@ -245,5 +280,14 @@ mod tests {
         assert_eq!(out["handler"], "runc");
         let bad = serde_json::json!({"metadata":{"name":"a"},"handler":5});
         assert!(RUNTIMECLASSES.roundtrip(&bad).is_err());
+    }
+
+    #[test]
+    fn a_condition_without_a_transition_time_goes_through_as_go_writes_it() {
+        let svc = serde_json::json!({"metadata": {"name": "a"}, "status": {"conditions": [
+            {"type": "StatusUpdate", "status": "True", "reason": "E2E", "message": "m", "lastTransitionTime": null}]}});
+        let out = SERVICES.roundtrip(&svc).unwrap();
+        assert_eq!(out["status"]["conditions"][0]["lastTransitionTime"], Value::Null);
+        assert_eq!(out["status"]["conditions"][0]["reason"], "E2E");
     }
 }
