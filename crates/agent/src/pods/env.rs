@@ -38,6 +38,8 @@ pub struct Sources {
     pub config_maps: HashMap<String, Option<BTreeMap<String, Vec<u8>>>>,
     pub secrets: HashMap<String, Option<BTreeMap<String, Vec<u8>>>>,
     pub tokens: HashMap<TokenKey, Result<String, String>>,
+    /// The Services whose variables every container gets ([`service_links`]).
+    pub services: Vec<core::Service>,
 }
 
 impl Sources {
@@ -175,8 +177,67 @@ fn bytes(divisor: Option<&str>) -> i64 {
         .map_or(1, |q| i64::try_from((q.0 + 999_999_999) / 1_000_000_000).unwrap_or(1))
 }
 
-/// The container's environment, in kubelet's order: `envFrom` sources in order, then `env`
-/// (later entries replace earlier ones of the same name, keeping the first position).
+/// The Services a pod's containers get variables of, as kubelet picks them: the `kubernetes`
+/// Service of the `default` namespace always, and with `enableServiceLinks` (the default) every
+/// Service of the pod's namespace (which wins over the former on a name clash). `all` holds the
+/// candidates from both namespaces.
+pub fn service_links(spec: &core::PodSpec, namespace: &str, all: Vec<core::Service>) -> Vec<core::Service> {
+    let links = spec.enable_service_links.unwrap_or(true);
+    let mut by_name: BTreeMap<String, core::Service> = BTreeMap::new();
+    for svc in all {
+        let ip = svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()).unwrap_or_default();
+        if ip.is_empty() || ip == "None" {
+            continue;
+        }
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        let ns = svc.metadata.namespace.as_deref().unwrap_or_default();
+        if ns == namespace && links {
+            by_name.insert(name, svc);
+        } else if ns == "default" && name == "kubernetes" {
+            by_name.entry(name).or_insert(svc);
+        }
+    }
+    by_name.into_values().collect()
+}
+
+/// The variables of `services` (`<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORT>]` and the
+/// Docker-link `<NAME>_PORT…` ones), as kubelet sets them.
+pub fn service_variables(services: &[core::Service]) -> Vec<(String, String)> {
+    let upper = |s: &str| s.to_uppercase().replace('-', "_");
+    let mut out = Vec::new();
+    for svc in services {
+        let Some(spec) = &svc.spec else { continue };
+        let ip = spec.cluster_ip.clone().unwrap_or_default();
+        let name = upper(svc.metadata.name.as_deref().unwrap_or_default());
+        let ports = spec.ports.as_deref().unwrap_or_default();
+        out.push((format!("{name}_SERVICE_HOST"), ip.clone()));
+        if let Some(first) = ports.first() {
+            out.push((format!("{name}_SERVICE_PORT"), first.port.to_string()));
+        }
+        for p in ports {
+            if let Some(port_name) = p.name.as_deref().filter(|n| !n.is_empty()) {
+                out.push((format!("{name}_SERVICE_PORT_{}", upper(port_name)), p.port.to_string()));
+            }
+        }
+        for (i, p) in ports.iter().enumerate().rev() {
+            let proto = p.protocol.as_deref().unwrap_or("TCP").to_lowercase();
+            let url = format!("{proto}://{ip}:{}", p.port);
+            let prefix = format!("{name}_PORT_{}_{}", p.port, proto.to_uppercase());
+            if i == 0 {
+                out.push((format!("{name}_PORT"), url.clone()));
+            }
+            out.push((prefix.clone(), url));
+            out.push((format!("{prefix}_PROTO"), proto));
+            out.push((format!("{prefix}_PORT"), p.port.to_string()));
+            out.push((format!("{prefix}_ADDR"), ip.clone()));
+        }
+    }
+    out
+}
+
+/// The container's environment, in kubelet's order: the Services' variables, then `envFrom`
+/// sources in order, then `env` (later entries replace earlier ones of the same name, keeping
+/// the first position).
 pub fn environment(
     pod: &core::Pod,
     container: &core::Container,
@@ -184,7 +245,7 @@ pub fn environment(
     sources: &Sources,
 ) -> Result<Vec<cri::KeyValue>, ConfigError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let mut env: Vec<(String, String)> = Vec::new();
+    let mut env: Vec<(String, String)> = service_variables(&sources.services);
     let set =
         |env: &mut Vec<(String, String)>, key: String, value: String| match env.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = value,
@@ -534,5 +595,63 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(referenced(pod(c).spec.as_ref().unwrap()), (vec![], vec!["s".to_string()]));
+    }
+
+    fn svc(ns: &str, name: &str, ip: &str, ports: serde_json::Value) -> core::Service {
+        serde_json::from_value(serde_json::json!({"metadata": {"namespace": ns, "name": name},
+            "spec": {"clusterIP": ip, "ports": ports}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn services_give_kubelets_host_port_and_link_variables() {
+        let vars = service_variables(&[svc(
+            "ns",
+            "foo-service",
+            "10.96.0.7",
+            serde_json::json!([{"name": "http", "port": 8765}, {"name": "dns", "port": 53, "protocol": "UDP"}]),
+        )]);
+        let get = |k: &str| vars.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("FOO_SERVICE_SERVICE_HOST"), Some("10.96.0.7"));
+        assert_eq!(get("FOO_SERVICE_SERVICE_PORT"), Some("8765"));
+        assert_eq!(get("FOO_SERVICE_SERVICE_PORT_HTTP"), Some("8765"));
+        assert_eq!(get("FOO_SERVICE_SERVICE_PORT_DNS"), Some("53"));
+        assert_eq!(get("FOO_SERVICE_PORT"), Some("tcp://10.96.0.7:8765"));
+        assert_eq!(get("FOO_SERVICE_PORT_8765_TCP_ADDR"), Some("10.96.0.7"));
+        assert_eq!(get("FOO_SERVICE_PORT_53_UDP"), Some("udp://10.96.0.7:53"));
+        assert_eq!(get("FOO_SERVICE_PORT_53_UDP_PROTO"), Some("udp"));
+    }
+
+    #[test]
+    fn the_kubernetes_service_is_always_linked_and_the_namespaces_only_with_service_links() {
+        let all = || {
+            vec![
+                svc("default", "kubernetes", "10.96.0.1", serde_json::json!([{"name": "https", "port": 443}])),
+                svc("team", "web", "10.96.0.9", serde_json::json!([{"port": 80}])),
+                svc("team", "headless", "None", serde_json::json!([{"port": 80}])),
+                svc("other", "db", "10.96.0.5", serde_json::json!([{"port": 5432}])),
+            ]
+        };
+        let names = |v: Vec<core::Service>| v.into_iter().map(|s| s.metadata.name.unwrap()).collect::<Vec<_>>();
+        let mut spec = core::PodSpec::default();
+        assert_eq!(names(service_links(&spec, "team", all())), ["kubernetes", "web"]);
+        spec.enable_service_links = Some(false);
+        assert_eq!(names(service_links(&spec, "team", all())), ["kubernetes"]);
+    }
+
+    #[test]
+    fn a_containers_own_variable_wins_over_a_services() {
+        let sources = Sources {
+            services: vec![svc("ns", "web", "10.96.0.9", serde_json::json!([{"port": 80}]))],
+            ..Sources::default()
+        };
+        let pod: core::Pod = serde_json::from_value(serde_json::json!({"metadata": {"namespace": "ns"},
+            "spec": {"containers": [{"name": "c", "env": [{"name": "WEB_SERVICE_HOST", "value": "mine"}]}]}}))
+        .unwrap();
+        let container = pod.spec.as_ref().unwrap().containers[0].clone();
+        let env = environment(&pod, &container, &PodContext::default(), &sources).unwrap();
+        let host: Vec<&str> =
+            env.iter().filter(|kv| kv.key == "WEB_SERVICE_HOST").map(|kv| kv.value.as_str()).collect();
+        assert_eq!(host, ["mine"]);
     }
 }

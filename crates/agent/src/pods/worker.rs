@@ -750,7 +750,23 @@ impl Worker {
             })?;
             sources.secrets.insert(name, s.as_ref().map(env::secret_data));
         }
+        sources.services = self.linked_services(&ns).await?;
         Ok(sources)
+    }
+
+    /// The Services whose variables the containers get (kubelet's service links).
+    async fn linked_services(&self, ns: &str) -> Result<Vec<core::Service>, WorkerError> {
+        let err = |source| WorkerError::Api { action: "listing Services", pod: self.pod_ref(), source };
+        let mut all = Vec::new();
+        if self.spec().enable_service_links.unwrap_or(true) {
+            let api: Api<core::Service> = Api::namespaced(self.ctx.client.clone(), ns);
+            all.extend(api.list(&kube::api::ListParams::default()).await.map_err(err)?.items);
+        }
+        if ns != "default" || all.is_empty() {
+            let api: Api<core::Service> = Api::namespaced(self.ctx.client.clone(), "default");
+            all.extend(api.get_opt("kubernetes").await.map_err(err)?);
+        }
+        Ok(env::service_links(self.spec(), ns, all))
     }
 
     /// Whether a token held is due for refresh.
