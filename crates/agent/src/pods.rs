@@ -86,6 +86,25 @@ impl Tasks {
     fn spawn(&mut self, f: impl std::future::Future<Output = ()> + Send + 'static) {
         self.0.push(tokio::spawn(f));
     }
+
+    /// A cache of `api`'s objects, kept by a watch that retries on its own.
+    fn reflect<K>(&mut self, api: Api<K>, kind: &'static str) -> reflector::Store<K>
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    {
+        let (store, writer) = reflector::store::<K>();
+        let events = watcher::watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+        self.spawn(async move {
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                if let Err(e) = event {
+                    tracing::warn!(error = %e, kind, "watch failed; retrying");
+                }
+            }
+        });
+        store
+    }
 }
 
 impl Drop for Tasks {
@@ -199,24 +218,16 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
     } = settings;
     let mut tasks = Tasks::default();
 
-    let (runtime_classes, writer) = reflector::store::<RuntimeClass>();
-    let classes = watcher::watcher(Api::<RuntimeClass>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer);
-    tasks.spawn(async move {
-        futures::pin_mut!(classes);
-        while let Some(event) = classes.next().await {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "RuntimeClass watch failed; retrying");
-            }
-        }
-    });
+    let runtime_classes = tasks.reflect(Api::<RuntimeClass>::all(client.clone()), "RuntimeClass");
+    // Containers get the Services' variables; kubelet reads them from a cache too.
+    let services = tasks.reflect(Api::<core::Service>::all(client.clone()), "Service");
 
     let ctx = Arc::new(Context {
         client: client.clone(),
         node_name: node_name.clone(),
         runtimes: runtimes.clone(),
         runtime_classes: runtime_classes.clone(),
+        services: services.clone(),
         root_dir,
         pod_log_dir,
         dns: dns::NodeDns {
@@ -244,6 +255,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
     wait_for_runtime_status(&runtimes).await;
     // A handler resolved against an empty cache would fail pods whose class exists.
     let _ = tokio::time::timeout(FIRST_STATUS_WAIT, runtime_classes.wait_until_ready()).await;
+    let _ = tokio::time::timeout(FIRST_STATUS_WAIT, services.wait_until_ready()).await;
     let recovered = gc::pods_in_runtimes(&ctx).await;
     for f in recovered.values() {
         runtimes.remember(&f.uid, &f.endpoint);

@@ -538,29 +538,38 @@ fn add_address(list: Option<&mut Value>, address: &Value, same: impl Fn(&Value) 
     }
 }
 
-/// Creates the `default/kubernetes` Service (the range's first address, port 443 `https` to the
-/// secure port) if it is missing, and puts this server's address into its Endpoints and
-/// EndpointSlice, as kube-apiserver's kubernetes-service controller does at start.
-pub async fn ensure_kubernetes_service(state: &ApiState, address: IpAddr, secure_port: u16) -> ApiResult<()> {
-    let name = "kubernetes";
-    let key = objects::key(&SERVICES, Some("default"), name);
+/// A selectorless Service whose endpoints are this API server's own address (the `kubernetes`
+/// Service, the cluster DNS), as `ensure_server_service` keeps it.
+struct ServerService {
+    namespace: &'static str,
+    name: &'static str,
+    labels: Value,
+    cluster_ip: String,
+    /// The Service's ports, each with its `targetPort`.
+    ports: Value,
+    /// The same ports as the endpoints list them.
+    endpoint_ports: Value,
+    endpoints_labels: Value,
+    slice_labels: Value,
+}
+
+/// Creates `svc` if it is missing and puts `address` into its Endpoints and EndpointSlice,
+/// keeping the addresses of other API servers on the same store.
+async fn ensure_server_service(state: &ApiState, svc: ServerService, address: IpAddr) -> ApiResult<()> {
+    let (ns, name) = (svc.namespace, svc.name);
+    let key = objects::key(&SERVICES, Some(ns), name);
     if state.store.get(&key).await.map_err(|e| ApiError::from_store(e, &SERVICES, name))?.is_none() {
         let mut obj = json!({
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": {
                 "name": name,
-                "namespace": "default",
+                "namespace": ns,
                 "uid": uuid::Uuid::new_v4().to_string(),
                 "creationTimestamp": objects::now_rfc3339(),
-                "labels": {"component": "apiserver", "provider": "kubernetes"},
+                "labels": svc.labels,
             },
-            "spec": {
-                "type": "ClusterIP",
-                "clusterIP": state.services.kubernetes_ip().to_string(),
-                "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": secure_port}],
-                "sessionAffinity": "None",
-            },
+            "spec": {"type": "ClusterIP", "clusterIP": svc.cluster_ip, "ports": svc.ports, "sessionAffinity": "None"},
         });
         berth_api::kinds::prepare_for_create(&SERVICES, &mut obj);
         let made = allocate(state, &mut obj, None).await?;
@@ -572,14 +581,11 @@ pub async fn ensure_kubernetes_service(state: &ApiState, address: IpAddr, secure
         }
     }
     let ip = address.to_string();
-    let address_type = if address.is_ipv4() { "IPv4" } else { "IPv6" };
-    let port = json!({"name": "https", "port": secure_port, "protocol": "TCP"});
     let endpoints = json!({
         "apiVersion": "v1",
         "kind": "Endpoints",
-        "metadata": {"name": name, "namespace": "default",
-            "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
-        "subsets": [{"addresses": [{"ip": ip}], "ports": [port]}],
+        "metadata": {"name": name, "namespace": ns, "labels": svc.endpoints_labels},
+        "subsets": [{"addresses": [{"ip": ip}], "ports": svc.endpoint_ports}],
     });
     put(state, &ENDPOINTS, endpoints, |want, have| {
         if have.pointer("/subsets/0/ports") != want.pointer("/subsets/0/ports") {
@@ -593,10 +599,10 @@ pub async fn ensure_kubernetes_service(state: &ApiState, address: IpAddr, secure
     let slice = json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": name}},
-        "addressType": address_type,
+        "metadata": {"name": name, "namespace": ns, "labels": svc.slice_labels},
+        "addressType": if address.is_ipv4() { "IPv4" } else { "IPv6" },
         "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
-        "ports": [port],
+        "ports": svc.endpoint_ports,
     });
     put(state, &ENDPOINTSLICES, slice, |want, have| {
         if have.get("ports") != want.get("ports") || have.get("addressType") != want.get("addressType") {
@@ -611,6 +617,23 @@ pub async fn ensure_kubernetes_service(state: &ApiState, address: IpAddr, secure
     .await
 }
 
+/// Creates the `default/kubernetes` Service (the range's first address, port 443 `https` to the
+/// secure port) if it is missing, and puts this server's address into its Endpoints and
+/// EndpointSlice, as kube-apiserver's kubernetes-service controller does at start.
+pub async fn ensure_kubernetes_service(state: &ApiState, address: IpAddr, secure_port: u16) -> ApiResult<()> {
+    let svc = ServerService {
+        namespace: "default",
+        name: "kubernetes",
+        labels: json!({"component": "apiserver", "provider": "kubernetes"}),
+        cluster_ip: state.services.kubernetes_ip().to_string(),
+        ports: json!([{"name": "https", "port": 443, "protocol": "TCP", "targetPort": secure_port}]),
+        endpoint_ports: json!([{"name": "https", "port": secure_port, "protocol": "TCP"}]),
+        endpoints_labels: json!({"endpointslice.kubernetes.io/skip-mirror": "true"}),
+        slice_labels: json!({"kubernetes.io/service-name": "kubernetes"}),
+    };
+    ensure_server_service(state, svc, address).await
+}
+
 /// The cluster DNS Service's name in `kube-system`, as kubeadm and e2e tests know it.
 pub const CLUSTER_DNS_SERVICE: &str = "kube-dns";
 
@@ -618,80 +641,27 @@ pub const CLUSTER_DNS_SERVICE: &str = "kube-dns";
 /// missing, and points its Endpoints and EndpointSlice at this server's DNS listener
 /// (`address:port`), keeping those of other API servers on the same store.
 pub async fn ensure_cluster_dns_service(state: &ApiState, ip: Ipv4Addr, address: IpAddr, port: u16) -> ApiResult<()> {
-    let name = CLUSTER_DNS_SERVICE;
-    let ns = "kube-system";
-    let key = objects::key(&SERVICES, Some(ns), name);
-    if state.store.get(&key).await.map_err(|e| ApiError::from_store(e, &SERVICES, name))?.is_none() {
-        let mut obj = json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "uid": uuid::Uuid::new_v4().to_string(),
-                "creationTimestamp": objects::now_rfc3339(),
-                "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "berth-dns", "kubernetes.io/cluster-service": "true"},
-            },
-            "spec": {
-                "type": "ClusterIP",
-                "clusterIP": ip.to_string(),
-                "ports": [
-                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": port},
-                    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": port},
-                ],
-                "sessionAffinity": "None",
-            },
-        });
-        berth_api::kinds::prepare_for_create(&SERVICES, &mut obj);
-        let made = allocate(state, &mut obj, None).await?;
-        if let Err(e) = state.store.create(&key, objects::encode(&SERVICES, &obj)).await {
-            undo(state, &made).await;
-            if !matches!(e, StoreError::AlreadyExists { .. }) {
-                return Err(ApiError::from_store(e, &SERVICES, name));
-            }
-        }
-    }
-    let addr = address.to_string();
-    let ports =
-        json!([{"name": "dns", "port": port, "protocol": "UDP"}, {"name": "dns-tcp", "port": port, "protocol": "TCP"}]);
-    let endpoints = json!({
-        "apiVersion": "v1",
-        "kind": "Endpoints",
-        "metadata": {"name": name, "namespace": ns,
-            "labels": {"k8s-app": "kube-dns", "endpointslice.kubernetes.io/skip-mirror": "true"}},
-        "subsets": [{"addresses": [{"ip": addr}], "ports": ports}],
-    });
-    put(state, &ENDPOINTS, endpoints, |want, have| {
-        if have.pointer("/subsets/0/ports") != want.pointer("/subsets/0/ports") {
-            have["subsets"] = want["subsets"].clone();
-            return;
-        }
-        let a = json!({"ip": addr});
-        add_address(have.pointer_mut("/subsets/0/addresses"), &a, |x| x["ip"] == a["ip"]);
-    })
-    .await?;
-    let address_type = if address.is_ipv4() { "IPv4" } else { "IPv6" };
-    let slice = json!({
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": ns, "labels": {
-            "kubernetes.io/service-name": name, "k8s-app": "kube-dns",
-            "endpointslice.kubernetes.io/managed-by": "berth-apiserver"}},
-        "addressType": address_type,
-        "endpoints": [{"addresses": [addr], "conditions": {"ready": true}}],
-        "ports": ports,
-    });
-    put(state, &ENDPOINTSLICES, slice, |want, have| {
-        if have.get("ports") != want.get("ports") || have.get("addressType") != want.get("addressType") {
-            have["ports"] = want["ports"].clone();
-            have["addressType"] = want["addressType"].clone();
-            have["endpoints"] = want["endpoints"].clone();
-            return;
-        }
-        let endpoint = json!({"addresses": [addr], "conditions": {"ready": true}});
-        add_address(have.get_mut("endpoints"), &endpoint, |e| e["addresses"] == endpoint["addresses"]);
-    })
-    .await
+    let svc = ServerService {
+        namespace: "kube-system",
+        name: CLUSTER_DNS_SERVICE,
+        labels: json!({"k8s-app": "kube-dns", "kubernetes.io/name": "berth-dns", "kubernetes.io/cluster-service": "true"}),
+        cluster_ip: ip.to_string(),
+        ports: json!([
+            {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": port},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": port},
+        ]),
+        endpoint_ports: json!([
+            {"name": "dns", "port": port, "protocol": "UDP"},
+            {"name": "dns-tcp", "port": port, "protocol": "TCP"},
+        ]),
+        endpoints_labels: json!({"k8s-app": "kube-dns", "endpointslice.kubernetes.io/skip-mirror": "true"}),
+        slice_labels: json!({
+            "kubernetes.io/service-name": CLUSTER_DNS_SERVICE,
+            "k8s-app": "kube-dns",
+            "endpointslice.kubernetes.io/managed-by": "berth-apiserver",
+        }),
+    };
+    ensure_server_service(state, svc, address).await
 }
 
 #[cfg(test)]

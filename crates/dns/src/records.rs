@@ -309,27 +309,20 @@ impl Records {
         let Some(fqdn) = self.service_name(ns, svc) else { return self.nxdomain() };
         let wanted = |p: &Port| !p.name.is_empty() && p.name == port && p.protocol == proto;
         let in_spec = entry.ports.iter().any(wanted);
+        // A Service with an address or an alias answers SRV from its own ports.
+        let srv_to = |target: &Name, additionals| {
+            if !in_spec {
+                return self.nxdomain();
+            }
+            if qtype != RecordType::SRV {
+                return self.nodata();
+            }
+            let ports = entry.ports.iter().filter(|p| wanted(p)).map(|p| (target.clone(), p.port));
+            self.or_nodata(srv_records(qname, ports), additionals)
+        };
         match &entry.kind {
-            Kind::ClusterIp(ips) => {
-                if !in_spec {
-                    return self.nxdomain();
-                }
-                if qtype != RecordType::SRV {
-                    return self.nodata();
-                }
-                let ports = entry.ports.iter().filter(|p| wanted(p)).map(|p| (fqdn.clone(), p.port));
-                self.or_nodata(srv_records(qname, ports), address_records(&fqdn, ips))
-            }
-            Kind::ExternalName(target) => {
-                if !in_spec {
-                    return self.nxdomain();
-                }
-                if qtype != RecordType::SRV {
-                    return self.nodata();
-                }
-                let ports = entry.ports.iter().filter(|p| wanted(p)).map(|p| (target.clone(), p.port));
-                self.or_nodata(srv_records(qname, ports), vec![])
-            }
+            Kind::ClusterIp(ips) => srv_to(&fqdn, address_records(&fqdn, ips)),
+            Kind::ExternalName(target) => srv_to(target, vec![]),
             Kind::Headless => {
                 let in_slices = self.slices_of(&key).any(|s| s.ports.iter().any(wanted));
                 if !in_spec && !in_slices {

@@ -86,6 +86,8 @@ pub struct Context {
     pub node_name: String,
     pub runtimes: Arc<RuntimeManager>,
     pub runtime_classes: Store<RuntimeClass>,
+    /// Every Service, for the containers' Service variables.
+    pub services: Store<core::Service>,
     pub root_dir: PathBuf,
     pub pod_log_dir: PathBuf,
     pub dns: NodeDns,
@@ -750,23 +752,17 @@ impl Worker {
             })?;
             sources.secrets.insert(name, s.as_ref().map(env::secret_data));
         }
-        sources.services = self.linked_services(&ns).await?;
+        sources.services = self.linked_services(&ns);
         Ok(sources)
     }
 
     /// The Services whose variables the containers get (kubelet's service links).
-    async fn linked_services(&self, ns: &str) -> Result<Vec<core::Service>, WorkerError> {
-        let err = |source| WorkerError::Api { action: "listing Services", pod: self.pod_ref(), source };
-        let mut all = Vec::new();
-        if self.spec().enable_service_links.unwrap_or(true) {
-            let api: Api<core::Service> = Api::namespaced(self.ctx.client.clone(), ns);
-            all.extend(api.list(&kube::api::ListParams::default()).await.map_err(err)?.items);
-        }
-        if ns != "default" || all.is_empty() {
-            let api: Api<core::Service> = Api::namespaced(self.ctx.client.clone(), "default");
-            all.extend(api.get_opt("kubernetes").await.map_err(err)?);
-        }
-        Ok(env::service_links(self.spec(), ns, all))
+    fn linked_services(&self, ns: &str) -> Vec<core::Service> {
+        let candidates = self.ctx.services.state().into_iter().filter(|s| {
+            let svc_ns = s.metadata.namespace.as_deref();
+            svc_ns == Some(ns) || (svc_ns == Some("default") && s.metadata.name.as_deref() == Some("kubernetes"))
+        });
+        env::service_links(self.spec(), ns, candidates.map(|s| s.as_ref().clone()).collect())
     }
 
     /// Whether a token held is due for refresh.
