@@ -25,6 +25,11 @@ pub async fn check(nft: &Path) -> Vec<String> {
             nft.display()
         )),
     }
+    if !Path::new(BRIDGE_NF_CALL_IPTABLES).exists() {
+        // A distribution kernel builds bridge netfilter as a module that nothing loads by itself.
+        let loaded = tokio::process::Command::new("modprobe").arg("br_netfilter").status().await;
+        tracing::info!(ok = loaded.is_ok_and(|s| s.success()), "service proxy: modprobe br_netfilter");
+    }
     for (path, why) in [
         (IP_FORWARD, "pods cannot reach Services on other nodes, nor NodePorts reach pods"),
         (BRIDGE_NF_CALL_IPTABLES, "pods cannot reach Services whose endpoint is on the same bridge"),
