@@ -36,9 +36,12 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready when the store answers.
+/// Ready when the store answers; else 503 with the store's reason (e.g. etcd's `no leader`).
 pub async fn readyz(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {
-    state.store.current_revision().await.map_err(|e| ApiError::unavailable(format!("storage is not ready: {e}")))?;
+    state.store.current_revision().await.map_err(|e| {
+        let reason = std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+        ApiError::unavailable(format!("storage ({}) is not ready: {reason}", state.store.backend()))
+    })?;
     Ok("ok")
 }
 

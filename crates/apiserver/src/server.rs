@@ -123,9 +123,15 @@ impl PreparedServer {
             ApiState::with_service_account_tokens(store, Some(authn), cfg.admission, cfg.service_network, Some(keys));
         lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
         let advertise = cfg.advertise_address.unwrap_or_else(|| services::advertise_address(cfg.bind_address));
-        services::ensure_kubernetes_service(&state, advertise, cfg.secure_port)
-            .await
-            .map_err(|e| ServerError::Bootstrap(e.message))?;
+        // Servers starting together on one store race for the Service; the loser finds it made.
+        let mut attempts = 0;
+        while let Err(e) = services::ensure_kubernetes_service(&state, advertise, cfg.secure_port).await {
+            attempts += 1;
+            if attempts == 5 {
+                return Err(ServerError::Bootstrap(e.message));
+            }
+            tokio::time::sleep(Duration::from_millis(200 * attempts)).await;
+        }
         Ok(PreparedServer {
             state,
             kubeconfig,

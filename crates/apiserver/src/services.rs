@@ -572,11 +572,21 @@ async fn ensure_server_service(state: &ApiState, svc: ServerService, address: Ip
             "spec": {"type": "ClusterIP", "clusterIP": svc.cluster_ip, "ports": svc.ports, "sessionAffinity": "None"},
         });
         berth_api::kinds::prepare_for_create(&SERVICES, &mut obj);
-        let made = allocate(state, &mut obj, None).await?;
-        if let Err(e) = state.store.create(&key, objects::encode(&SERVICES, &obj)).await {
-            undo(state, &made).await;
-            if !matches!(e, StoreError::AlreadyExists { .. }) {
-                return Err(ApiError::from_store(e, &SERVICES, name));
+        match allocate(state, &mut obj, None).await {
+            Ok(made) => {
+                if let Err(e) = state.store.create(&key, objects::encode(&SERVICES, &obj)).await {
+                    undo(state, &made).await;
+                    if !matches!(e, StoreError::AlreadyExists { .. }) {
+                        return Err(ApiError::from_store(e, &SERVICES, name));
+                    }
+                }
+            }
+            // Another API server starting at the same time claimed the address for the Service
+            // it created.
+            Err(e) => {
+                if state.store.get(&key).await.map_err(|e| ApiError::from_store(e, &SERVICES, name))?.is_none() {
+                    return Err(e);
+                }
             }
         }
     }

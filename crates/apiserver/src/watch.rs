@@ -102,14 +102,16 @@ fn line(kind: &str, object: Value) -> Bytes {
     Bytes::from(s)
 }
 
-fn expired_line(err: &StoreError) -> Bytes {
-    let msg = match err {
+/// The ERROR line that ends a watch: `410 Gone` when its revision was compacted (clients list
+/// again), else what the store's failure maps to (clients watch again from where they were).
+fn expired_line(rt: &ResourceType, err: StoreError) -> Bytes {
+    let status = match err {
         StoreError::Compacted { requested, compacted } => {
-            format!("too old resource version: {requested} ({compacted})")
+            ApiError::gone(format!("too old resource version: {requested} ({compacted})"))
         }
-        other => other.to_string(),
+        other => ApiError::from_store(other, rt, ""),
     };
-    line("ERROR", ApiError::gone(msg).to_status())
+    line("ERROR", status.to_status())
 }
 
 /// Counts open watches for `/metrics` while alive.
@@ -147,7 +149,7 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
     let events = match state.store.watch(&prefix, start).await {
         Ok(s) => Some(s),
         Err(e @ StoreError::Compacted { .. }) => {
-            let body = Body::from(expired_line(&e));
+            let body = Body::from(expired_line(rt, e));
             let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
             resp.extensions_mut().insert(crate::negotiation::WatchStream);
             return Ok(resp);
@@ -207,7 +209,7 @@ fn async_stream(
                 }
                 Ok(None) => return,
                 Ok(Some(Err(e))) => {
-                    let _ = tx.send(expired_line(&e)).await;
+                    let _ = tx.send(expired_line(rt, e)).await;
                     return;
                 }
                 Ok(Some(Ok(ev))) => ev,

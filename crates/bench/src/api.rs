@@ -44,15 +44,20 @@ pub fn config_map(name: &str) -> ConfigMap {
     serde_json::from_value(value).expect("a valid ConfigMap")
 }
 
-fn client(addr: SocketAddr) -> anyhow::Result<kube::Client> {
+pub(crate) fn client(addr: SocketAddr) -> anyhow::Result<kube::Client> {
     let cfg = kube::Config::new(format!("http://{addr}").parse()?);
     Ok(kube::Client::try_from(cfg)?)
 }
 
-/// Runs every API measurement against `store`, labelled `backend`.
-pub async fn run(backend: &str, store: Arc<dyn Store>, s: &Settings) -> anyhow::Result<Outcome> {
-    let state = ApiState::new(store.clone(), None);
-    lifecycle::bootstrap(&state).await.map_err(|e| anyhow!("bootstrap: {}", e.message))?;
+/// The real API router served on a loopback port, as one `berth server` serves it.
+pub(crate) struct Served {
+    pub addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Serves `router(state)` on a free loopback port.
+pub(crate) async fn serve(state: Arc<ApiState>) -> anyhow::Result<Served> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     // `berth server` (axum-server) sets TCP_NODELAY; without it Nagle's algorithm and delayed
@@ -68,14 +73,27 @@ pub async fn run(backend: &str, store: Arc<dyn Store>, s: &Settings) -> anyhow::
             })
             .await
     });
+    Ok(Served { addr, stop, server })
+}
 
-    let result = measure(backend, addr, store, s).await;
-
-    let _ = stop.send(());
-    // Idle keep-alive connections can hold a graceful shutdown; the figures are in already.
-    if tokio::time::timeout(Duration::from_secs(5), server).await.is_err() {
-        eprintln!("  ({backend}: the API server did not stop within 5 s; leaving it)");
+impl Served {
+    /// Stops serving; `label` names the server in the note when it does not stop in time.
+    pub(crate) async fn stop(self, label: &str) {
+        let _ = self.stop.send(());
+        // Idle keep-alive connections can hold a graceful shutdown; the figures are in already.
+        if tokio::time::timeout(Duration::from_secs(5), self.server).await.is_err() {
+            eprintln!("  ({label}: the API server did not stop within 5 s; leaving it)");
+        }
     }
+}
+
+/// Runs every API measurement against `store`, labelled `backend`.
+pub async fn run(backend: &str, store: Arc<dyn Store>, s: &Settings) -> anyhow::Result<Outcome> {
+    let state = ApiState::new(store.clone(), None);
+    lifecycle::bootstrap(&state).await.map_err(|e| anyhow!("bootstrap: {}", e.message))?;
+    let served = serve(state).await?;
+    let result = measure(backend, served.addr, store, s).await;
+    served.stop(backend).await;
     result
 }
 

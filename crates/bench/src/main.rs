@@ -5,6 +5,7 @@ mod agent;
 mod api;
 mod controllers;
 mod cri;
+mod etcd_cluster;
 mod etcd_server;
 mod image;
 mod raw_etcd;
@@ -39,6 +40,8 @@ struct Cli {
 enum Command {
     /// The Kubernetes API over SQLite and over etcd, and raw etcd puts, in one run.
     Api(ApiArgs),
+    /// The API on a 3-member etcd cluster through one and two API servers, next to raw etcd puts.
+    EtcdCluster(etcd_cluster::EtcdClusterArgs),
     /// Image pull and unpack throughput from a loopback registry, next to `skopeo copy`.
     Image(image::ImageArgs),
     /// CRI pod lifecycles under runc, crun and gVisor, next to the raw OCI runtimes and containerd.
@@ -85,6 +88,7 @@ struct ApiArgs {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Api(args) => api_bench(args).await,
+        Command::EtcdCluster(args) => etcd_cluster::run(args).await,
         Command::Image(args) => image::run(args).await,
         Command::Cri(args) => cri::run(args).await,
         Command::Agent(args) => agent::run(args).await,
@@ -123,7 +127,7 @@ async fn api_bench(args: ApiArgs) -> anyhow::Result<()> {
     for clients in [1, args.concurrency] {
         let total = if clients == 1 { args.ops } else { args.ops * 2 };
         eprintln!("raw etcd: {total} puts of {value_bytes} bytes, {clients} client(s)");
-        let (lat, elapsed) = raw_etcd::puts(&etcd.endpoint, clients, total, value_bytes).await?;
+        let (lat, elapsed) = raw_etcd::puts(std::slice::from_ref(&etcd.endpoint), clients, total, value_bytes).await?;
         let metric = if clients == 1 { "put (1 client)".to_owned() } else { format!("put ({clients} clients)") };
         figures.push(Figure::new("etcd raw", &metric, &lat, Some(elapsed)));
     }

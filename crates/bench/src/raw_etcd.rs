@@ -6,15 +6,16 @@ use std::time::{Duration, Instant};
 use crate::stats::Latencies;
 
 /// `total` puts of `value_bytes`-byte values on distinct keys, spread over `clients` concurrent
-/// tasks sharing one gRPC channel, as an apiserver's etcd client does. Returns the per-put
-/// latencies and the wall time of the whole burst.
-pub async fn puts(
-    endpoint: &str,
+/// tasks sharing one gRPC channel, as an apiserver's etcd client does. With several `endpoints`
+/// (the members of one cluster) that channel is etcd-client's balanced one over all of them.
+/// Returns the per-put latencies and the wall time of the whole burst.
+pub async fn puts<S: AsRef<str>>(
+    endpoints: &[S],
     clients: usize,
     total: usize,
     value_bytes: usize,
 ) -> anyhow::Result<(Latencies, Duration)> {
-    let client = etcd_client::Client::connect([endpoint], None).await?;
+    let client = etcd_client::Client::connect(endpoints, None).await?;
     let value: Arc<Vec<u8>> = Arc::new(vec![b'x'; value_bytes]);
     let start = Instant::now();
     let mut tasks = Vec::new();

@@ -106,7 +106,11 @@ mod support {
         /// Connects once etcd answers (it needs about a second to elect itself).
         pub async fn connect(&self, key_prefix: &str) -> EtcdStore {
             let deadline = Instant::now() + Duration::from_secs(30);
-            let options = EtcdOptions { key_prefix: key_prefix.to_owned(), request_timeout: Duration::from_secs(2) };
+            let options = EtcdOptions {
+                key_prefix: key_prefix.to_owned(),
+                request_timeout: Duration::from_secs(2),
+                ..EtcdOptions::default()
+            };
             loop {
                 match EtcdStore::connect_with(std::slice::from_ref(&self.endpoint), options.clone()).await {
                     Ok(store) => return store,
@@ -191,6 +195,7 @@ conformance! {
         watch_of_a_delete_carries_the_previous_value,
         watch_from_the_current_revision_sees_only_later_writes,
         concurrent_creates_get_distinct_revisions_and_a_watcher_sees_each_once_in_order,
+        a_list_and_a_watch_replay_larger_than_four_megabytes_are_read_whole,
     ],
     own_etcd: [
         compacted_revision_is_gone_for_watchers_and_lists_but_current_data_survives,
@@ -550,6 +555,23 @@ async fn concurrent_creates_get_distinct_revisions_and_a_watcher_sees_each_once_
     assert_eq!(list.items.len(), total);
 }
 
+/// gRPC's default limit on a received message is 4 MiB; a cluster's lists are larger.
+async fn a_list_and_a_watch_replay_larger_than_four_megabytes_are_read_whole(s: &dyn Store) {
+    let start = s.current_revision().await.unwrap();
+    let value = vec![b'x'; 256 * 1024];
+    for i in 0..24 {
+        s.create(&format!("/big/{i:02}"), value.clone()).await.unwrap();
+    }
+    let listed = s.list("/big/", &ListOptions::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 24);
+    assert!(listed.items.iter().all(|kv| kv.value.len() == value.len()));
+    let mut w = s.watch("/big/", start).await.unwrap();
+    for i in 0..24 {
+        let ev = next_event(&mut w).await;
+        assert_eq!(ev.key, format!("/big/{i:02}"));
+    }
+}
+
 async fn compacted_revision_is_gone_for_watchers_and_lists_but_current_data_survives(s: &dyn Store) {
     let a = s.create("/cmp/a", b"a1".to_vec()).await.expect("a");
     let a2 = s.update("/cmp/a", b"a2".to_vec(), a.mod_revision).await.expect("update a");
@@ -721,7 +743,11 @@ mod etcd_connectivity {
     async fn connecting_to_an_etcd_that_is_not_there_is_unavailable() {
         // A port that was free a moment ago: nothing listens on it.
         let port = TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        let options = EtcdOptions { key_prefix: String::new(), request_timeout: Duration::from_secs(1) };
+        let options = EtcdOptions {
+            key_prefix: String::new(),
+            request_timeout: Duration::from_secs(1),
+            failover_timeout: Duration::from_secs(1),
+        };
         let started = Instant::now();
         let res = EtcdStore::connect_with(&[format!("http://127.0.0.1:{port}")], options).await;
         assert!(matches!(res, Err(StoreError::Unavailable(_))), "{:?}", res.err());

@@ -53,6 +53,8 @@
 //! # etcd
 //!
 //! `Etcd::start()` → `endpoint()` (`http://127.0.0.1:PORT`), killed and deleted on drop.
+//! `EtcdCluster::start(3)` → `endpoints()`, `kill(i)`/`restart(i)`, `leader()`, `wait_for_leader(t)`:
+//! members to crash and bring back, for tests of leader loss and lost quorum.
 //!
 //! # containerd
 //!
@@ -95,7 +97,7 @@ pub mod tls;
 pub mod token;
 
 pub use containerd::{Containerd, ContainerdBuilder};
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdCluster};
 pub use proxy::ThrottledProxy;
 pub use registry::{PushedImage, PushedIndex, Registry, RegistryAuth, RegistryBuilder};
 pub use standard::StandardSet;
@@ -126,6 +128,7 @@ mod tests {
     fn handles_are_send_and_sync() {
         shareable::<crate::Registry>();
         shareable::<crate::Etcd>();
+        shareable::<crate::EtcdCluster>();
         shareable::<crate::Containerd>();
         shareable::<crate::StandardSet>();
     }

@@ -32,6 +32,20 @@ impl Server {
         s
     }
 
+    /// A second server of `first`'s cluster: same CA, service-account signing key and admin
+    /// token, as every API server of one cluster must have.
+    pub fn start_sharing(first: &Server, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s =
+            Server { child: None, dir, port: free_port(), extra: extra.iter().map(|s| s.to_string()).collect() };
+        std::fs::create_dir_all(s.data_dir().join("pki")).unwrap();
+        for file in ["pki/ca.crt", "pki/ca.key", "pki/sa.key", "admin.token"] {
+            std::fs::copy(first.data_dir().join(file), s.data_dir().join(file)).unwrap();
+        }
+        s.spawn();
+        s
+    }
+
     fn spawn(&mut self) {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("server.log")).unwrap();

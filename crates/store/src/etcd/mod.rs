@@ -3,73 +3,69 @@
 //! Revisions are etcd's own. Compare-and-swap is a txn on `mod_revision`; lists are ranges at a
 //! revision; watches start at `after + 1` with `prev_kv`. All keys live under an optional
 //! key prefix, so several stores (or tests) can share one etcd cluster.
+//!
+//! Every request is one that may be sent again ([`members`]): reads, and writes that compare a
+//! revision. When an attempt failed on a member that went away, the write may still have been
+//! applied; the retry then finds the key already as this write left it (same bytes: stored
+//! objects carry their uid and timestamps), or the key's history shows this delete, and reports
+//! success. Several API servers can share one cluster this way.
 
-use std::collections::VecDeque;
-use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
-    Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 
 use crate::sqlite::prefix_end;
 use crate::{
     Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, Result, Revision, Store, StoreError, WatchStream,
 };
+use members::{Answer, Bound, CallError, Members, Timing};
+use watch::{OpenError, Watched};
+
+mod members;
+mod watch;
 
 /// How [`EtcdStore`] connects and where its keys live.
 #[derive(Clone, Debug)]
 pub struct EtcdOptions {
     /// Prepended to every key; stripped from every key returned.
     pub key_prefix: String,
-    /// Bound on connecting and on every unary request; beyond it the store is `Unavailable`.
+    /// Bound on one attempt of a list; point requests (gets, writes, watch creation) get at most
+    /// [`POINT_ATTEMPT`] per attempt.
     pub request_timeout: Duration,
+    /// How long a request keeps trying other members when members fail. With the quorum lost,
+    /// a request fails after about this long with etcd's reason.
+    pub failover_timeout: Duration,
 }
+
+/// One attempt of a point request. etcd itself waits up to 7 s for a proposal caught in a
+/// leader's death; the request is sent again well before.
+pub const POINT_ATTEMPT: Duration = Duration::from_secs(2);
 
 impl Default for EtcdOptions {
     fn default() -> Self {
-        Self { key_prefix: String::new(), request_timeout: Duration::from_secs(10) }
+        Self {
+            key_prefix: String::new(),
+            request_timeout: Duration::from_secs(10),
+            failover_timeout: Duration::from_secs(4),
+        }
     }
 }
+
+/// Lists of a large cluster are far above gRPC's default 4 MiB limit on a received message;
+/// kube-apiserver lifts it the same way.
+pub(super) const MAX_RESPONSE: usize = i32::MAX as usize;
 
 /// The etcd-backed store.
 pub struct EtcdStore {
-    client: Client,
-    options: EtcdOptions,
+    members: Arc<Members>,
     keys: Keys,
     /// The highest compacted revision this store has done or learned about.
     compacted: AtomicI64,
-}
-
-/// etcd reports these conditions only through the status message.
-const MSG_COMPACTED: &str = "required revision has been compacted";
-const MSG_FUTURE: &str = "required revision is a future revision";
-
-fn message_contains(e: &etcd_client::Error, what: &str) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains(what))
-}
-
-/// gRPC status codes (etcd-client does not re-export tonic's `Code`).
-const GRPC_CANCELLED: i32 = 1;
-const GRPC_INVALID_ARGUMENT: i32 = 3;
-const GRPC_DEADLINE_EXCEEDED: i32 = 4;
-const GRPC_OUT_OF_RANGE: i32 = 11;
-const GRPC_UNAVAILABLE: i32 = 14;
-
-fn map_err(e: etcd_client::Error) -> StoreError {
-    use etcd_client::Error as E;
-    match e {
-        E::GRpcStatus(ref s) => match s.code() as i32 {
-            GRPC_UNAVAILABLE | GRPC_DEADLINE_EXCEEDED | GRPC_CANCELLED => StoreError::Unavailable(Box::new(e)),
-            GRPC_INVALID_ARGUMENT | GRPC_OUT_OF_RANGE => StoreError::Invalid(s.message().to_owned()),
-            _ => StoreError::Internal(Box::new(e)),
-        },
-        E::TransportError(_) | E::IoError(_) | E::EndpointError(_) => StoreError::Unavailable(Box::new(e)),
-        E::InvalidArgs(_) | E::InvalidUri(_) => StoreError::Invalid(e.to_string()),
-        _ => StoreError::Internal(Box::new(e)),
-    }
 }
 
 fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Result<Revision> {
@@ -82,37 +78,20 @@ impl EtcdStore {
         Self::connect_with(endpoints, EtcdOptions::default()).await
     }
 
-    /// Connects to `endpoints` and checks that the cluster answers.
+    /// Connects to the members at `endpoints` and checks that the cluster answers: one member
+    /// of a cluster with quorum is enough.
     pub async fn connect_with(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
-        let timeout = options.request_timeout;
-        let connect =
-            ConnectOptions::new().with_connect_timeout(timeout).with_keep_alive(Duration::from_secs(10), timeout);
-        let client = tokio::time::timeout(timeout, Client::connect(endpoints, Some(connect)))
-            .await
-            .map_err(|_| StoreError::Unavailable("timed out connecting to etcd".into()))?
-            .map_err(|e| match map_err(e) {
-                StoreError::Internal(e) => StoreError::Unavailable(e),
-                other => other,
-            })?;
+        let timing = Timing {
+            point: POINT_ATTEMPT.min(options.request_timeout),
+            whole: options.request_timeout,
+            failover: options.failover_timeout,
+        };
+        let members = Members::new(endpoints, timing).await?;
         let keys = Keys { prefix: options.key_prefix.clone() };
-        let store = Self { client, options, keys, compacted: AtomicI64::new(0) };
-        // The channel connects lazily; one request proves the cluster is there.
+        let store = Self { members, keys, compacted: AtomicI64::new(0) };
+        // The channels connect lazily; one request proves the cluster is there.
         store.current_revision().await?;
         Ok(store)
-    }
-
-    /// Runs one unary request with the request timeout.
-    async fn call<T>(
-        &self,
-        fut: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> std::result::Result<T, CallError> {
-        match tokio::time::timeout(self.options.request_timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if message_contains(&e, MSG_COMPACTED) => Err(CallError::Compacted),
-            Ok(Err(e)) if message_contains(&e, MSG_FUTURE) => Err(CallError::Future),
-            Ok(Err(e)) => Err(CallError::Other(map_err(e))),
-            Err(_) => Err(CallError::Other(StoreError::Unavailable("etcd request timed out".into()))),
-        }
     }
 
     /// The etcd range `[start, end)` of the user keys under `prefix` from `start_key` on.
@@ -130,11 +109,36 @@ impl EtcdStore {
         (start, end)
     }
 
+    /// A get of `key`, on any member that answers.
+    async fn get_raw(
+        &self,
+        bound: Bound,
+        key: Vec<u8>,
+        opts: Option<GetOptions>,
+    ) -> std::result::Result<Answer<etcd_client::GetResponse>, CallError> {
+        self.members
+            .call(bound, move |c: Client| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { c.kv_client().max_decoding_message_size(MAX_RESPONSE).get(key, opts).await }
+            })
+            .await
+    }
+
+    /// A txn, on any member that answers; only compare-and-swap txns come here.
+    async fn txn(&self, txn: Txn) -> Result<Answer<etcd_client::TxnResponse>> {
+        self.members
+            .call(Bound::Point, move |mut c: Client| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(CallError::plain)
+    }
+
     /// Whether the snapshot at `revision` is still readable, i.e. not compacted.
     async fn readable(&self, revision: Revision) -> Result<bool> {
         let opts = GetOptions::new().with_revision(revision).with_count_only();
-        let mut kv = self.client.kv_client();
-        match self.call(kv.get(self.probe_key(), Some(opts))).await {
+        match self.get_raw(Bound::Point, self.probe_key(), Some(opts)).await {
             Ok(_) | Err(CallError::Future) => Ok(true),
             Err(CallError::Compacted) => Ok(false),
             Err(CallError::Other(e)) => Err(e),
@@ -184,17 +188,54 @@ impl EtcdStore {
         if k.is_empty() { vec![0] } else { k }
     }
 
-    /// The answer to a CAS txn whose compare failed: its `or_else` get says what is there.
-    fn failed_precondition(&self, key: &str, get: Option<&TxnOpResponse>) -> StoreError {
-        let current = match get {
-            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|k| self.to_kv(k)),
-            _ => None,
-        };
+    /// What a CAS txn's `or_else` get found.
+    fn current_of(&self, get: Option<&TxnOpResponse>) -> Result<Option<KeyValue>> {
+        match get {
+            Some(TxnOpResponse::Get(g)) => g.kvs().first().map(|k| self.to_kv(k)).transpose(),
+            _ => Ok(None),
+        }
+    }
+
+    /// The answer to a CAS txn whose compare failed, given what is there now.
+    fn failed_precondition(key: &str, current: Option<KeyValue>) -> StoreError {
         match current {
             None => StoreError::NotFound { key: key.to_owned() },
-            Some(Ok(kv)) => StoreError::Conflict { key: key.to_owned(), current: Some(kv) },
-            Some(Err(e)) => e,
+            Some(kv) => StoreError::Conflict { key: key.to_owned(), current: Some(kv) },
         }
+    }
+
+    /// After an attempt that may have been applied, finds this delete of `key` (whose
+    /// `mod_revision` was `expected`) in the key's history: the first change after `expected`.
+    async fn find_own_delete(&self, key: &str, expected: Revision) -> Option<Deleted> {
+        let k = self.full_key(key);
+        let opts = WatchOptions::new().with_start_revision(expected + 1).with_prev_key();
+        let answer = self
+            .members
+            .call(Bound::Point, move |c: Client| {
+                let (k, opts) = (k.clone(), opts.clone());
+                async move {
+                    let mut stream =
+                        c.watch_client().max_decoding_message_size(MAX_RESPONSE).watch(k, Some(opts)).await?;
+                    // The first response confirms the watch; the history follows.
+                    loop {
+                        match stream.message().await? {
+                            Some(resp) if resp.canceled() => return Ok(None),
+                            Some(resp) => {
+                                if let Some(ev) = resp.events().first() {
+                                    return Ok(Some(ev.clone()));
+                                }
+                            }
+                            None => return Ok(None),
+                        }
+                    }
+                }
+            })
+            .await
+            .ok()?;
+        let ev = answer.value?;
+        let prev = ev.prev_kv().filter(|p| p.mod_revision() == expected)?;
+        (ev.event_type() == EventType::Delete).then_some(())?;
+        Some(Deleted { prev: self.to_kv(prev).ok()?, revision: ev.kv()?.mod_revision() })
     }
 }
 
@@ -250,83 +291,6 @@ impl Keys {
     }
 }
 
-/// A request's failure, with the two revision conditions etcd reports by message singled out.
-enum CallError {
-    Compacted,
-    Future,
-    Other(StoreError),
-}
-
-impl CallError {
-    fn plain(self) -> StoreError {
-        match self {
-            CallError::Compacted => StoreError::Invalid(MSG_COMPACTED.into()),
-            CallError::Future => StoreError::Invalid(MSG_FUTURE.into()),
-            CallError::Other(e) => e,
-        }
-    }
-}
-
-/// State of a watch stream: etcd's stream (whose request half must stay alive) and events
-/// received but not yet yielded.
-struct EtcdWatch {
-    stream: etcd_client::WatchStream,
-    keys: Keys,
-    queued: VecDeque<Result<Event>>,
-    /// The revision of the last event received, reported if the watch is compacted away.
-    last: Revision,
-    done: bool,
-}
-
-impl EtcdWatch {
-    /// Queues the events (or the end) that one etcd watch response carries.
-    fn absorb(&mut self, resp: etcd_client::WatchResponse) {
-        if resp.canceled() {
-            self.done = true;
-            let err = if resp.compact_revision() > 0 {
-                StoreError::Compacted { requested: self.last, compacted: resp.compact_revision() }
-            } else {
-                StoreError::Unavailable(format!("etcd canceled the watch: {}", resp.cancel_reason()).into())
-            };
-            self.queued.push_back(Err(err));
-            return;
-        }
-        for ev in resp.events() {
-            let ev = self.keys.event(ev);
-            if let Ok(ev) = &ev {
-                self.last = ev.revision;
-            }
-            self.queued.push_back(ev);
-        }
-    }
-
-    async fn next(&mut self) -> Option<Result<Event>> {
-        loop {
-            if let Some(item) = self.queued.pop_front() {
-                if item.is_err() {
-                    self.done = true;
-                    self.queued.clear();
-                }
-                return Some(item);
-            }
-            if self.done {
-                return None;
-            }
-            match self.stream.message().await {
-                Ok(Some(resp)) => self.absorb(resp),
-                Ok(None) => {
-                    self.done = true;
-                    return Some(Err(StoreError::Unavailable("etcd closed the watch stream".into())));
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(StoreError::Unavailable(Box::new(e))));
-                }
-            }
-        }
-    }
-}
-
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     fn backend(&self) -> &'static str {
@@ -334,9 +298,8 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        let mut kv = self.client.kv_client();
-        let resp = self.call(kv.get(self.full_key(key), None)).await.map_err(CallError::plain)?;
-        resp.kvs().first().map(|k| self.to_kv(k)).transpose()
+        let resp = self.get_raw(Bound::Point, self.full_key(key), None).await.map_err(CallError::plain)?;
+        resp.value.kvs().first().map(|k| self.to_kv(k)).transpose()
     }
 
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {
@@ -353,9 +316,8 @@ impl Store for EtcdStore {
         if let Some(n) = opts.limit.filter(|n| *n > 0) {
             get = get.with_limit(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        let mut kv = self.client.kv_client();
-        let resp = match self.call(kv.get(start, Some(get))).await {
-            Ok(resp) => resp,
+        let resp = match self.get_raw(Bound::Whole, start, Some(get)).await {
+            Ok(resp) => resp.value,
             Err(CallError::Compacted) => {
                 return Err(self.compacted_error(revision.unwrap_or(0)).await);
             }
@@ -380,18 +342,21 @@ impl Store for EtcdStore {
 
     async fn create(&self, key: &str, value: Vec<u8>) -> Result<KeyValue> {
         let k = self.full_key(key);
-        let txn = Txn::new().when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
-            k,
-            value.clone(),
-            None,
-        )]);
-        let mut kv = self.client.kv_client();
-        let resp = self.call(kv.txn(txn)).await.map_err(CallError::plain)?;
-        if !resp.succeeded() {
-            return Err(StoreError::AlreadyExists { key: key.to_owned() });
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k.clone(), value.clone(), None)])
+            .or_else([TxnOp::get(k, None)]);
+        let answer = self.txn(txn).await?;
+        let resp = answer.value;
+        if resp.succeeded() {
+            let rev = header_revision(resp.header())?;
+            return Ok(KeyValue { key: key.to_owned(), value, create_revision: rev, mod_revision: rev });
         }
-        let rev = header_revision(resp.header())?;
-        Ok(KeyValue { key: key.to_owned(), value, create_revision: rev, mod_revision: rev })
+        match self.current_of(resp.op_responses().first())? {
+            // An earlier attempt created it.
+            Some(kv) if answer.retried && kv.value == value && kv.create_revision == kv.mod_revision => Ok(kv),
+            _ => Err(StoreError::AlreadyExists { key: key.to_owned() }),
+        }
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: Revision) -> Result<KeyValue> {
@@ -404,8 +369,8 @@ impl Store for EtcdStore {
             ])
             .and_then([TxnOp::put(k.clone(), value.clone(), Some(PutOptions::new().with_prev_key()))])
             .or_else([TxnOp::get(k, None)]);
-        let mut kv = self.client.kv_client();
-        let resp = self.call(kv.txn(txn)).await.map_err(CallError::plain)?;
+        let answer = self.txn(txn).await?;
+        let resp = answer.value;
         let responses = resp.op_responses();
         if resp.succeeded() {
             let create_revision = match responses.first() {
@@ -416,21 +381,37 @@ impl Store for EtcdStore {
             let rev = header_revision(resp.header())?;
             return Ok(KeyValue { key: key.to_owned(), value, create_revision, mod_revision: rev });
         }
-        Err(self.failed_precondition(key, responses.first()))
+        match self.current_of(responses.first())? {
+            // An earlier attempt wrote it.
+            Some(kv) if answer.retried && kv.value == value && kv.mod_revision > expected => Ok(kv),
+            current => Err(Self::failed_precondition(key, current)),
+        }
     }
 
     async fn delete(&self, key: &str, expected: Option<Revision>) -> Result<Deleted> {
+        // An unconditional delete compares the revision it read, so that it can be retried.
+        let expected = match expected {
+            Some(e) => e,
+            None => loop {
+                let Some(kv) = self.get(key).await? else {
+                    return Err(StoreError::NotFound { key: key.to_owned() });
+                };
+                match self.delete(key, Some(kv.mod_revision)).await {
+                    Err(StoreError::Conflict { .. }) => continue,
+                    other => return other,
+                }
+            },
+        };
         let k = self.full_key(key);
-        let mut when = vec![Compare::version(k.clone(), CompareOp::Greater, 0)];
-        if let Some(e) = expected {
-            when.push(Compare::mod_revision(k.clone(), CompareOp::Equal, e));
-        }
         let txn = Txn::new()
-            .when(when)
+            .when([
+                Compare::version(k.clone(), CompareOp::Greater, 0),
+                Compare::mod_revision(k.clone(), CompareOp::Equal, expected),
+            ])
             .and_then([TxnOp::delete(k.clone(), Some(DeleteOptions::new().with_prev_key()))])
             .or_else([TxnOp::get(k, None)]);
-        let mut kv = self.client.kv_client();
-        let resp = self.call(kv.txn(txn)).await.map_err(CallError::plain)?;
+        let answer = self.txn(txn).await?;
+        let resp = answer.value;
         let responses = resp.op_responses();
         if resp.succeeded() {
             let prev = match responses.first() {
@@ -440,7 +421,12 @@ impl Store for EtcdStore {
             .ok_or_else(|| StoreError::Internal("etcd delete without prev_kv".into()))??;
             return Ok(Deleted { prev, revision: header_revision(resp.header())? });
         }
-        Err(self.failed_precondition(key, responses.first()))
+        if answer.retried
+            && let Some(deleted) = self.find_own_delete(key, expected).await
+        {
+            return Ok(deleted);
+        }
+        Err(Self::failed_precondition(key, self.current_of(responses.first())?))
     }
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream> {
@@ -454,41 +440,34 @@ impl Store for EtcdStore {
             return Err(self.compacted_error(after).await);
         }
         let (start, end) = self.range(prefix, None);
-        let opts = WatchOptions::new().with_range(end).with_start_revision(after + 1).with_prev_key();
-        let mut wc = self.client.watch_client();
-        let mut stream = match tokio::time::timeout(self.options.request_timeout, wc.watch(start, Some(opts))).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(map_err(e)),
-            Err(_) => return Err(StoreError::Unavailable("etcd watch timed out".into())),
-        };
-        // Wait for etcd to confirm (or refuse) the watch so a refusal fails this call.
-        let first = tokio::time::timeout(self.options.request_timeout, stream.message())
-            .await
-            .map_err(|_| StoreError::Unavailable("etcd watch was not confirmed".into()))?
-            .map_err(map_err)?
-            .ok_or_else(|| StoreError::Unavailable("etcd closed the watch".into()))?;
-        if first.canceled() && first.compact_revision() > 0 {
-            self.compacted.fetch_max(first.compact_revision(), Ordering::SeqCst);
-            return Err(StoreError::Compacted { requested: after, compacted: first.compact_revision() });
+        let watched = Watched { members: self.members.clone(), keys: self.keys.clone(), start, end };
+        match watched.stream(after).await {
+            Ok(stream) => Ok(stream),
+            Err(OpenError::Compacted(compacted)) => {
+                self.compacted.fetch_max(compacted, Ordering::SeqCst);
+                Err(StoreError::Compacted { requested: after, compacted })
+            }
+            Err(OpenError::Other(e)) => Err(e),
         }
-        let mut state =
-            EtcdWatch { stream, keys: self.keys.clone(), queued: VecDeque::new(), last: after, done: false };
-        state.absorb(first);
-        Ok(Box::pin(futures::stream::unfold(state, |mut w| async move { w.next().await.map(|item| (item, w)) })))
     }
 
     async fn current_revision(&self) -> Result<Revision> {
-        let mut kv = self.client.kv_client();
         let opts = GetOptions::new().with_count_only();
-        let resp = self.call(kv.get(self.probe_key(), Some(opts))).await.map_err(CallError::plain)?;
-        header_revision(resp.header())
+        let resp = self.get_raw(Bound::Point, self.probe_key(), Some(opts)).await.map_err(CallError::plain)?;
+        header_revision(resp.value.header())
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        let mut kv = self.client.kv_client();
         // Physical: return only once the history is gone, so later reads see it gone.
         let opts = CompactionOptions::new().with_physical();
-        match self.call(kv.compact(revision, Some(opts))).await {
+        let compact = self
+            .members
+            .call(Bound::Whole, move |mut c: Client| {
+                let opts = opts.clone();
+                async move { c.compact(revision, Some(opts)).await }
+            })
+            .await;
+        match compact {
             // Already compacted at or beyond `revision`: nothing left to do.
             Ok(_) | Err(CallError::Compacted) => {
                 self.compacted.fetch_max(revision, Ordering::SeqCst);

@@ -1,0 +1,159 @@
+//! Watches on etcd that outlive the member they started on: when a member's stream breaks,
+//! the watch is opened again on another member from the revision after the last event it
+//! delivered, so no event is lost or repeated. Only compaction of that revision, or no member
+//! answering for the failover time, ends the stream with an error.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream as EtcdStream};
+
+use super::members::{Answer, Bound, Members};
+use super::{Keys, MAX_RESPONSE};
+use crate::{Event, Result, Revision, StoreError, WatchStream};
+
+/// A watch's key range and the members to open it on.
+pub(super) struct Watched {
+    pub members: Arc<Members>,
+    pub keys: Keys,
+    pub start: Vec<u8>,
+    pub end: Vec<u8>,
+}
+
+/// An open etcd watch stream and the member serving it.
+struct Opened {
+    stream: EtcdStream,
+    member: usize,
+}
+
+/// How opening a watch ended.
+pub(super) enum OpenError {
+    /// `after` was compacted up to this revision.
+    Compacted(Revision),
+    Other(StoreError),
+}
+
+impl Watched {
+    /// Opens the watch of events after `after` on a member that answers, waiting for etcd to
+    /// confirm it (a refusal, such as compaction, comes as that first response).
+    async fn open(&self, after: Revision) -> std::result::Result<(Opened, WatchResponse), OpenError> {
+        let (start, end) = (self.start.clone(), self.end.clone());
+        let op = move |client: Client| {
+            let opts = WatchOptions::new().with_range(end.clone()).with_start_revision(after + 1).with_prev_key();
+            let start = start.clone();
+            async move {
+                let mut watch = client.watch_client().max_decoding_message_size(MAX_RESPONSE);
+                let mut stream = watch.watch(start, Some(opts)).await?;
+                let first = stream
+                    .message()
+                    .await?
+                    .ok_or_else(|| etcd_client::Error::WatchError("etcd closed the watch".into()))?;
+                Ok((stream, first))
+            }
+        };
+        match self.members.call(Bound::Point, op).await {
+            Ok(Answer { value: (stream, first), member, .. }) => {
+                if first.canceled() && first.compact_revision() > 0 {
+                    return Err(OpenError::Compacted(first.compact_revision()));
+                }
+                Ok((Opened { stream, member }, first))
+            }
+            Err(e) => Err(OpenError::Other(e.plain())),
+        }
+    }
+
+    /// The stream of events after `after`, on whichever members answer.
+    pub(super) async fn stream(self, after: Revision) -> std::result::Result<WatchStream, OpenError> {
+        let (opened, first) = self.open(after).await?;
+        let mut state = ResumingWatch { watched: self, opened: Some(opened), queued: VecDeque::new(), last: after };
+        state.absorb(first);
+        Ok(Box::pin(futures::stream::unfold(state, |mut w| async move { w.next().await.map(|item| (item, w)) })))
+    }
+}
+
+struct ResumingWatch {
+    watched: Watched,
+    /// `None` once the stream has ended for good.
+    opened: Option<Opened>,
+    queued: VecDeque<Result<Event>>,
+    /// The revision of the last event queued: a resumed watch starts after it.
+    last: Revision,
+}
+
+/// What one response from etcd means for the watch.
+enum Absorbed {
+    Events,
+    /// The member stopped this watch (it lost its leader, or is shutting down).
+    Canceled(String),
+}
+
+impl ResumingWatch {
+    /// Queues the events, or the end, that one etcd watch response carries.
+    fn absorb(&mut self, resp: WatchResponse) -> Absorbed {
+        if resp.canceled() {
+            if resp.compact_revision() > 0 {
+                self.end_with(StoreError::Compacted { requested: self.last, compacted: resp.compact_revision() });
+                return Absorbed::Events;
+            }
+            return Absorbed::Canceled(format!("etcd canceled the watch: {}", resp.cancel_reason()));
+        }
+        for ev in resp.events() {
+            let ev = self.watched.keys.event(ev);
+            match &ev {
+                // A resumed watch never repeats what was delivered.
+                Ok(ev) if ev.revision <= self.last => continue,
+                Ok(ev) => self.last = ev.revision,
+                Err(_) => {}
+            }
+            self.queued.push_back(ev);
+        }
+        Absorbed::Events
+    }
+
+    fn end_with(&mut self, err: StoreError) {
+        self.queued.push_back(Err(err));
+    }
+
+    /// Opens the watch again after the last event, on another member if need be.
+    async fn resume(&mut self, why: String) {
+        if let Some(old) = self.opened.take() {
+            self.watched.members.failed(old.member, &why);
+        }
+        match self.watched.open(self.last).await {
+            Ok((opened, first)) => {
+                tracing::debug!(after = self.last, "etcd watch resumed");
+                self.opened = Some(opened);
+                if let Absorbed::Canceled(why) = self.absorb(first) {
+                    self.opened = None;
+                    self.end_with(StoreError::Unavailable(why.into()));
+                }
+            }
+            Err(OpenError::Compacted(compacted)) => {
+                self.end_with(StoreError::Compacted { requested: self.last, compacted });
+            }
+            Err(OpenError::Other(e)) => self.end_with(e),
+        }
+    }
+
+    async fn next(&mut self) -> Option<Result<Event>> {
+        loop {
+            if let Some(item) = self.queued.pop_front() {
+                if item.is_err() {
+                    self.opened = None;
+                    self.queued.clear();
+                }
+                return Some(item);
+            }
+            let opened = self.opened.as_mut()?;
+            let why = match opened.stream.message().await {
+                Ok(Some(resp)) => match self.absorb(resp) {
+                    Absorbed::Events => continue,
+                    Absorbed::Canceled(why) => why,
+                },
+                Ok(None) => "etcd closed the watch stream".to_owned(),
+                Err(e) => format!("etcd watch stream broke: {e}"),
+            };
+            self.resume(why).await;
+        }
+    }
+}
