@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod request;
 pub mod satoken;
 pub mod server;
+pub mod server_leases;
 pub mod services;
 pub mod tls;
 pub mod tokenrequest;

@@ -169,9 +169,11 @@ impl PreparedServer {
         let addr = self.addr;
         let handle = axum_server::Handle::new();
         let shutdown = handle.clone();
+        let leaving = state.clone();
         tokio::spawn(async move {
             shutdown_signal().await;
             tracing::info!("shutting down");
+            crate::server_leases::withdraw(&leaving).await;
             shutdown.graceful_shutdown(Some(Duration::from_secs(5)));
         });
         tracing::info!(%addr, backend = state.store.backend(), kubeconfig = %self.kubeconfig.display(), "serving the Kubernetes API");

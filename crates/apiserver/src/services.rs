@@ -487,7 +487,7 @@ pub fn advertise_address(bind: IpAddr) -> IpAddr {
     }
 }
 
-async fn put(
+pub(crate) async fn put(
     state: &ApiState,
     rt: &'static berth_api::ResourceType,
     obj: Value,
@@ -527,17 +527,6 @@ async fn put(
     Err(ApiError::conflict(rt, &name))
 }
 
-/// Adds `address` to the addresses found at `pointer` (a list of strings or of `{ip}`), keeping
-/// those of other API servers on the same store.
-fn add_address(list: Option<&mut Value>, address: &Value, same: impl Fn(&Value) -> bool) {
-    if let Some(Value::Array(items)) = list
-        && !items.iter().any(same)
-    {
-        items.push(address.clone());
-        items.sort_by_key(Value::to_string);
-    }
-}
-
 /// A selectorless Service whose endpoints are this API server's own address (the `kubernetes`
 /// Service, the cluster DNS), as `ensure_server_service` keeps it.
 struct ServerService {
@@ -553,8 +542,8 @@ struct ServerService {
     slice_labels: Value,
 }
 
-/// Creates `svc` if it is missing and puts `address` into its Endpoints and EndpointSlice,
-/// keeping the addresses of other API servers on the same store.
+/// Creates `svc` if it is missing, renews this server's Lease with `address` for it, and sets its
+/// Endpoints and EndpointSlice to the addresses of every live API server on the same store.
 async fn ensure_server_service(state: &ApiState, svc: ServerService, address: IpAddr) -> ApiResult<()> {
     let (ns, name) = (svc.namespace, svc.name);
     let key = objects::key(&SERVICES, Some(ns), name);
@@ -590,20 +579,26 @@ async fn ensure_server_service(state: &ApiState, svc: ServerService, address: Ip
             }
         }
     }
+    // Every live API server's address, this one's included even if its Lease could not be written.
     let ip = address.to_string();
+    if let Err(e) = crate::server_leases::renew(state, ns, name, &ip).await {
+        tracing::warn!(error = %e.message, service = name, "renewing this API server's lease failed");
+    }
+    let mut addresses = crate::server_leases::live_addresses(state, ns, name).await?;
+    addresses.insert(ip);
     let endpoints = json!({
         "apiVersion": "v1",
         "kind": "Endpoints",
         "metadata": {"name": name, "namespace": ns, "labels": svc.endpoints_labels},
-        "subsets": [{"addresses": [{"ip": ip}], "ports": svc.endpoint_ports}],
+        "subsets": [{
+            "addresses": addresses.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+            "ports": svc.endpoint_ports,
+        }],
     });
     put(state, &ENDPOINTS, endpoints, |want, have| {
-        if have.pointer("/subsets/0/ports") != want.pointer("/subsets/0/ports") {
+        if have.get("subsets") != want.get("subsets") {
             have["subsets"] = want["subsets"].clone();
-            return;
         }
-        let addr = json!({"ip": ip});
-        add_address(have.pointer_mut("/subsets/0/addresses"), &addr, |a| a["ip"] == addr["ip"]);
     })
     .await?;
     let slice = json!({
@@ -611,18 +606,15 @@ async fn ensure_server_service(state: &ApiState, svc: ServerService, address: Ip
         "kind": "EndpointSlice",
         "metadata": {"name": name, "namespace": ns, "labels": svc.slice_labels},
         "addressType": if address.is_ipv4() { "IPv4" } else { "IPv6" },
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+        "endpoints": addresses.iter().map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}})).collect::<Vec<_>>(),
         "ports": svc.endpoint_ports,
     });
     put(state, &ENDPOINTSLICES, slice, |want, have| {
-        if have.get("ports") != want.get("ports") || have.get("addressType") != want.get("addressType") {
-            have["ports"] = want["ports"].clone();
-            have["addressType"] = want["addressType"].clone();
-            have["endpoints"] = want["endpoints"].clone();
-            return;
+        for field in ["ports", "addressType", "endpoints"] {
+            if have.get(field) != want.get(field) {
+                have[field] = want[field].clone();
+            }
         }
-        let endpoint = json!({"addresses": [ip], "conditions": {"ready": true}});
-        add_address(have.get_mut("endpoints"), &endpoint, |e| e["addresses"] == endpoint["addresses"]);
     })
     .await
 }
@@ -649,7 +641,7 @@ pub const CLUSTER_DNS_SERVICE: &str = "kube-dns";
 
 /// Creates `kube-system/kube-dns` (ClusterIP `ip`, port 53 over UDP and TCP, no selector) if it is
 /// missing, and points its Endpoints and EndpointSlice at this server's DNS listener
-/// (`address:port`), keeping those of other API servers on the same store.
+/// (`address:port`), with those of the other live API servers on the same store.
 pub async fn ensure_cluster_dns_service(state: &ApiState, ip: Ipv4Addr, address: IpAddr, port: u16) -> ApiResult<()> {
     let svc = ServerService {
         namespace: "kube-system",

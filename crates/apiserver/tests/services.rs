@@ -357,3 +357,46 @@ async fn a_fresh_claim_without_its_service_yet_is_not_taken_for_a_leak() {
     services::repair(&state).await.unwrap();
     assert!(state.store.get("/registry/berth/serviceips/10.96.0.62").await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn the_kubernetes_endpoints_list_every_api_server_with_a_live_lease_and_drop_one_whose_lease_expired() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (_services, state, _d) = setup().await;
+    let client = kube::Client::new(router(state.clone()), "default");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let own = berth_apiserver::server_leases::own_lease_name();
+    assert_eq!(
+        leases.get(own).await.unwrap().metadata.labels.unwrap()["apiserver.kubernetes.io/identity"],
+        "kube-apiserver"
+    );
+    // Another server of the cluster, as its renewals leave its Lease.
+    let other = |renewed: &str| -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "berth-apiserver-0123456789ab",
+                "labels": {"apiserver.kubernetes.io/identity": "kube-apiserver"},
+                "annotations": {"endpoints.berth.dev/default.kubernetes": "192.0.2.11"},
+            },
+            "spec": {"holderIdentity": "berth-apiserver-0123456789ab", "leaseDurationSeconds": 30, "renewTime": renewed},
+        }))
+        .unwrap()
+    };
+    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    leases.create(&PostParams::default(), &other(&now)).await.unwrap();
+    services::ensure_kubernetes_service(&state, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10)), 6443).await.unwrap();
+    let endpoints: Api<Endpoints> = Api::default_namespaced(client.clone());
+    let ips = |ep: Endpoints| -> Vec<String> {
+        ep.subsets.unwrap()[0].addresses.as_ref().unwrap().iter().map(|a| a.ip.clone()).collect()
+    };
+    assert_eq!(ips(endpoints.get("kubernetes").await.unwrap()), ["192.0.2.10", "192.0.2.11"]);
+    let slice = Api::<EndpointSlice>::default_namespaced(client.clone()).get("kubernetes").await.unwrap();
+    assert_eq!(slice.endpoints.len(), 2);
+
+    // It stops renewing: once the Lease is older than its duration, it is gone from both.
+    let mut stale = leases.get("berth-apiserver-0123456789ab").await.unwrap();
+    stale.spec = other("2026-01-01T00:00:00.000000Z").spec;
+    leases.replace("berth-apiserver-0123456789ab", &PostParams::default(), &stale).await.unwrap();
+    services::ensure_kubernetes_service(&state, IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10)), 6443).await.unwrap();
+    assert_eq!(ips(endpoints.get("kubernetes").await.unwrap()), ["192.0.2.10"]);
+    assert!(leases.get_opt("berth-apiserver-0123456789ab").await.unwrap().is_none(), "the expired Lease is deleted");
+}
