@@ -103,7 +103,7 @@ async fn dispatch(
     let out = request::output(headers);
     match (&method, t.name.as_deref(), t.subresource.as_deref()) {
         (&Method::GET, None, None) if q.flag("watch") => watch::serve(state.clone(), t.clone(), q.clone(), out).await,
-        (&Method::GET, None, None) => list(state, t, q, out).await,
+        (&Method::GET, None, None) => list(state, t, q, headers, out).await,
         (&Method::GET, Some(_), Some("scale")) => get_scale(state, t).await,
         (&Method::GET, Some(_), _) => get(state, t, out).await,
         (&Method::POST, None, None) => create(state, t, q, headers, &request::read_body(body).await?).await,
@@ -311,14 +311,17 @@ pub(crate) async fn list_objects(
     }
 }
 
-async fn list(state: &ApiState, t: &Target, q: &Query, out: Output) -> ApiResult<Response> {
+async fn list(state: &Arc<ApiState>, t: &Target, q: &Query, headers: &HeaderMap, out: Output) -> ApiResult<Response> {
     let sel = Selectors::from_query(t.rt, q)?;
+    let include_object = q.get("includeObject") != Some("None");
+    if q.int("limit")?.is_none_or(|l| l <= 0) && q.get("continue").is_none() {
+        let protobuf = crate::negotiation::Accept::from_headers(headers).protobuf;
+        return crate::list_stream::serve(state, t, sel, out, protobuf, include_object).await;
+    }
     let page = list_objects(state, t, &sel, q.int("limit")?, q.get("continue")).await?;
     let rv = page.revision.to_string();
     let body = match out {
-        Output::Table => {
-            watch::table(t.rt, &page.items, &rv, page.next.as_deref(), q.get("includeObject") != Some("None"))
-        }
+        Output::Table => watch::table(t.rt, &page.items, &rv, page.next.as_deref(), include_object),
         Output::PartialMetadata => {
             let items: Vec<Value> = page.items.iter().map(partial_metadata).collect();
             let mut m = json!({"resourceVersion": rv});

@@ -14,6 +14,8 @@ pub mod error;
 pub mod handlers;
 pub mod http_proxy;
 pub mod lifecycle;
+mod list_stream;
+pub mod memory;
 pub mod metrics;
 pub mod negotiation;
 pub mod objects;
@@ -30,6 +32,7 @@ pub mod tokenrequest;
 pub mod tokenreview;
 pub mod watch;
 pub mod watch_events;
+pub mod watch_hub;
 
 use std::sync::Arc;
 
@@ -64,6 +67,8 @@ pub struct ApiState {
     pub service_account_tokens: Option<satoken::TokenKeys>,
     /// Watch events decoded once for every watcher.
     pub watch_events: watch_events::SharedEvents,
+    /// One store watch per watched resource type, fanned out to its watchers.
+    pub watch_hub: watch_hub::WatchHub,
 }
 
 impl ApiState {
@@ -104,6 +109,7 @@ impl ApiState {
             services,
             service_account_tokens,
             watch_events: watch_events::SharedEvents::default(),
+            watch_hub: watch_hub::WatchHub::default(),
         })
     }
 }

@@ -89,6 +89,10 @@ pub async fn encode(req: Request, next: Next) -> Response {
             (false, _) => watch_response(resp),
         };
     }
+    // Tables have no protobuf encoding: no need to read (and parse) one.
+    if table {
+        return if accept.json { resp } else { not_acceptable() };
+    }
     let (mut parts, body) = resp.into_parts();
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(b) => b,

@@ -139,6 +139,70 @@ pub fn encode(obj: &Value) -> Result<Vec<u8>, EncodeError> {
     Ok(envelope(api_version, kind, &raw))
 }
 
+/// A list encoded item by item, so that no JSON tree of the whole list is ever built: the body
+/// is [`ListEncoder::head`], the items' [`ListEncoder::item`] bytes, then [`ListEncoder::tail`].
+/// The head's length prefix needs the items' total size, so a streamed list encodes its items
+/// twice (once to count). Every Kubernetes list message has `metadata` as field 1 and `items` as
+/// field 2.
+pub struct ListEncoder {
+    api_version: String,
+    list_kind: String,
+    item_kind: String,
+}
+
+impl ListEncoder {
+    /// `Unsupported` unless both the list and its items have protobuf messages.
+    pub fn new(api_version: &str, list_kind: &str, item_kind: &str) -> Result<Self, EncodeError> {
+        let unsupported = || EncodeError::Unsupported { api_version: api_version.into(), kind: list_kind.into() };
+        let schema = schema().map_err(|_| unsupported())?;
+        if schema.find(api_version, list_kind).is_none() || schema.find(api_version, item_kind).is_none() {
+            return Err(unsupported());
+        }
+        Ok(ListEncoder { api_version: api_version.into(), list_kind: list_kind.into(), item_kind: item_kind.into() })
+    }
+
+    /// Appends `item` as one `items` field of the list.
+    pub fn item(&self, item: &Value, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        let invalid = |reason: String| EncodeError::Invalid { kind: self.item_kind.clone(), reason };
+        let schema = schema().map_err(invalid)?;
+        let msg = schema.find(&self.api_version, &self.item_kind).ok_or_else(|| invalid("no message".into()))?;
+        let Value::Object(map) = item else { return Err(invalid("not an object".into())) };
+        let mut raw = Vec::new();
+        schema.encode_fields(msg, map, &mut raw).map_err(invalid)?;
+        put_bytes(out, 2, &raw);
+        Ok(())
+    }
+
+    /// Magic, `runtime.Unknown`'s typeMeta, and the start of its `raw`: the list's length and
+    /// `metadata`, for items of `items_len` bytes in all.
+    pub fn head(&self, metadata: &Value, items_len: usize) -> Result<Vec<u8>, EncodeError> {
+        let invalid = |reason: String| EncodeError::Invalid { kind: self.list_kind.clone(), reason };
+        let schema = schema().map_err(invalid)?;
+        let msg = schema.find(&self.api_version, &self.list_kind).ok_or_else(|| invalid("no message".into()))?;
+        let mut fields = Map::new();
+        fields.insert("metadata".into(), metadata.clone());
+        let mut meta = Vec::new();
+        schema.encode_fields(msg, &fields, &mut meta).map_err(invalid)?;
+        let mut type_meta = Vec::new();
+        put_bytes(&mut type_meta, 1, self.api_version.as_bytes());
+        put_bytes(&mut type_meta, 2, self.list_kind.as_bytes());
+        let mut out = MAGIC.to_vec();
+        put_bytes(&mut out, 1, &type_meta);
+        put_key(&mut out, 2, 2);
+        put_varint(&mut out, (meta.len() + items_len) as u64);
+        out.extend_from_slice(&meta);
+        Ok(out)
+    }
+
+    /// The rest of `runtime.Unknown` after the items: empty content encoding and type.
+    pub fn tail(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_bytes(&mut out, 3, b"");
+        put_bytes(&mut out, 4, b"");
+        out
+    }
+}
+
 /// `k8s\0` + runtime.Unknown{typeMeta, raw, contentEncoding: "", contentType: ""}.
 fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
     let mut type_meta = Vec::new();
@@ -1663,5 +1727,26 @@ mod tests {
             "time",
         ];
         assert_eq!(all_families.into_iter().collect::<Vec<_>>(), expected);
+    }
+
+    #[test]
+    fn a_list_encoded_item_by_item_is_the_list_encoded_whole() {
+        let items = vec![
+            json!({"metadata": {"name": "a", "namespace": "ns"}, "data": {"k": "v"}}),
+            json!({"metadata": {"name": "b", "namespace": "ns"}}),
+        ];
+        let whole = encode(&json!({
+            "apiVersion": "v1", "kind": "ConfigMapList", "metadata": {"resourceVersion": "7"}, "items": items,
+        }))
+        .unwrap();
+        let list = ListEncoder::new("v1", "ConfigMapList", "ConfigMap").unwrap();
+        let mut encoded = Vec::new();
+        for item in &items {
+            list.item(item, &mut encoded).unwrap();
+        }
+        let mut body = list.head(&json!({"resourceVersion": "7"}), encoded.len()).unwrap();
+        body.extend(encoded);
+        body.extend(list.tail());
+        assert_eq!(body, whole);
     }
 }

@@ -1,7 +1,7 @@
 //! `berth server`: opens the store, prepares TLS and the admin credentials in the data dir, and
 //! serves the API with its housekeeping loops until a shutdown signal.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,6 +92,8 @@ pub struct PreparedServer {
     admin_token: String,
     pki: tls::Pki,
     addr: SocketAddr,
+    /// Where pods reach a server bound to loopback (see [`advertise_to_pods`]).
+    pod_listener: Option<std::net::TcpListener>,
     advertise: IpAddr,
     compaction_interval: Duration,
 }
@@ -100,7 +102,13 @@ impl PreparedServer {
     pub async fn prepare(cfg: &ServerConfig) -> Result<PreparedServer, ServerError> {
         prepare_data_dir(cfg)?;
         let store = open_store(cfg).await?;
-        let pki = tls::ensure_pki(&cfg.data_dir, cfg.bind_address, &cfg.extra_sans).map_err(ServerError::Tls)?;
+        let (advertise, pod_listener) = advertise_to_pods(cfg);
+        // In-cluster clients reach the server as https://<kubernetes ClusterIP> or by the
+        // Service's names; others at the advertise address.
+        let mut sans = cfg.extra_sans.clone();
+        sans.push(cfg.service_network.kubernetes_ip().to_string());
+        sans.push(advertise.to_string());
+        let pki = tls::ensure_pki(&cfg.data_dir, cfg.bind_address, &sans).map_err(ServerError::Tls)?;
         let token = tls::ensure_admin_token(&cfg.data_dir).map_err(ServerError::Tls)?;
         let url = tls::server_url(cfg.bind_address, cfg.secure_port);
         let kubeconfig = cfg.data_dir.join("admin.kubeconfig");
@@ -122,7 +130,6 @@ impl PreparedServer {
         let state =
             ApiState::with_service_account_tokens(store, Some(authn), cfg.admission, cfg.service_network, Some(keys));
         lifecycle::bootstrap(&state).await.map_err(|e| ServerError::Bootstrap(e.message))?;
-        let advertise = cfg.advertise_address.unwrap_or_else(|| services::advertise_address(cfg.bind_address));
         // Servers starting together on one store race for the Service; the loser finds it made.
         let mut attempts = 0;
         while let Err(e) = services::ensure_kubernetes_service(&state, advertise, cfg.secure_port).await {
@@ -138,6 +145,7 @@ impl PreparedServer {
             admin_token: token,
             pki,
             addr: SocketAddr::new(cfg.bind_address, cfg.secure_port),
+            pod_listener,
             advertise,
             compaction_interval: cfg.compaction_interval,
         })
@@ -176,12 +184,55 @@ impl PreparedServer {
             crate::server_leases::withdraw(&leaving).await;
             shutdown.graceful_shutdown(Some(Duration::from_secs(5)));
         });
+        let rustls = axum_server::tls_rustls::RustlsConfig::from_config(rustls);
+        if let Some(listener) = self.pod_listener {
+            let for_pods = axum_server::from_tcp_rustls(listener, rustls.clone())
+                .map_err(|source| ServerError::Serve { addr: SocketAddr::new(self.advertise, addr.port()), source })?
+                .handle(handle.clone())
+                .serve(crate::router(state.clone()).into_make_service());
+            tokio::spawn(async move {
+                if let Err(e) = for_pods.await {
+                    tracing::warn!(error = %e, "serving the API to pods stopped");
+                }
+            });
+            tracing::info!(address = %self.advertise, "serving the Kubernetes API to pods too");
+        }
         tracing::info!(%addr, backend = state.store.backend(), kubeconfig = %self.kubeconfig.display(), "serving the Kubernetes API");
-        axum_server::bind_rustls(addr, axum_server::tls_rustls::RustlsConfig::from_config(rustls))
+        axum_server::bind_rustls(addr, rustls)
             .handle(handle)
             .serve(crate::router(state).into_make_service())
             .await
             .map_err(|source| ServerError::Serve { addr, source })
+    }
+}
+
+/// The address the `kubernetes` Service sends pods to, and a listener on it if the server must
+/// listen there too. Pods cannot reach the host's loopback: a server bound to loopback without
+/// `--advertise-address` also serves on the default route's source address (as the cluster DNS
+/// does), unless that port is taken there; then pods cannot reach the API, which is logged.
+fn advertise_to_pods(cfg: &ServerConfig) -> (IpAddr, Option<std::net::TcpListener>) {
+    if let Some(a) = cfg.advertise_address {
+        return (a, None);
+    }
+    if !cfg.bind_address.is_loopback() {
+        return (services::advertise_address(cfg.bind_address), None);
+    }
+    let unspecified: IpAddr =
+        if cfg.bind_address.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let routable = services::advertise_address(unspecified);
+    if routable.is_loopback() {
+        return (cfg.bind_address, None);
+    }
+    let listener = std::net::TcpListener::bind((routable, cfg.secure_port)).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    });
+    match listener {
+        Ok(l) => (routable, Some(l)),
+        Err(e) => {
+            tracing::warn!(address = %routable, port = cfg.secure_port, error = %e, "cannot also listen where pods reach this host: pods will not reach the API");
+            (cfg.bind_address, None)
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! Watch over HTTP: initial state, then every change as a JSON line, with bookmarks, timeouts,
 //! `410 Gone` for compacted revisions, and selectors applied to old and new object states.
+//! Events come from the resource type's [`WatchHub`](crate::watch_hub::WatchHub) dispatcher, or
+//! from a store watch of the watcher's own when it resumes from further back than the hub keeps.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,6 +19,8 @@ use serde_json::{Value, json};
 use crate::handlers::{Selectors, list_objects, partial_metadata};
 use crate::objects;
 use crate::request::{Output, Query, Target};
+use crate::watch_events::Decoded;
+use crate::watch_hub::{Message, Slot, Subscription};
 use crate::{ApiError, ApiResult, ApiState};
 
 const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
@@ -24,20 +28,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// A `meta.k8s.io/v1` Table of `items` as `kubectl get` renders it.
 pub fn table(rt: &ResourceType, items: &[Value], rv: &str, cont: Option<&str>, include_object: bool) -> Value {
-    // Both event views print as core/v1 events.
-    let (print_rt, convert) = if std::ptr::eq(rt, &EVENTS_V1) { (&EVENTS, true) } else { (rt, false) };
     let now = jiff::Timestamp::now();
-    let rows: Vec<Value> = items
-        .iter()
-        .map(|obj| {
-            let printed = if convert { berth_api::kinds::event_v1_to_core(obj) } else { obj.clone() };
-            let mut row = json!({"cells": berth_api::table::cells(print_rt, &printed, now)});
-            if include_object {
-                row["object"] = partial_metadata(obj);
-            }
-            row
-        })
-        .collect();
+    let rows: Vec<Value> = items.iter().map(|obj| table_row(rt, obj, now, include_object)).collect();
     let mut meta = json!({"resourceVersion": rv});
     if let Some(c) = cont {
         meta["continue"] = json!(c);
@@ -46,9 +38,34 @@ pub fn table(rt: &ResourceType, items: &[Value], rv: &str, cont: Option<&str>, i
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": meta,
-        "columnDefinitions": berth_api::table::columns(print_rt),
+        "columnDefinitions": table_columns(rt),
         "rows": rows,
     })
+}
+
+/// The kind a Table prints `rt` as: both event views print as core/v1 events.
+fn printed_as(rt: &ResourceType) -> (&ResourceType, bool) {
+    if std::ptr::eq(rt, &EVENTS_V1) { (&EVENTS, true) } else { (rt, false) }
+}
+
+/// The column definitions of a Table of `rt`.
+pub(crate) fn table_columns(rt: &ResourceType) -> Value {
+    json!(berth_api::table::columns(printed_as(rt).0))
+}
+
+/// One Table row: the cells, and the object's metadata unless `includeObject=None`.
+pub(crate) fn table_row(rt: &ResourceType, obj: &Value, now: jiff::Timestamp, include_object: bool) -> Value {
+    let (print_rt, convert) = printed_as(rt);
+    let cells = if convert {
+        berth_api::table::cells(print_rt, &berth_api::kinds::event_v1_to_core(obj), now)
+    } else {
+        berth_api::table::cells(print_rt, obj, now)
+    };
+    let mut row = json!({"cells": cells});
+    if include_object {
+        row["object"] = partial_metadata(obj);
+    }
+    row
 }
 
 fn render(rt: &ResourceType, obj: &Value, out: Output) -> Value {
@@ -66,13 +83,12 @@ fn render(rt: &ResourceType, obj: &Value, out: Output) -> Value {
 /// entering the selection is ADDED, leaving it DELETED, staying in it MODIFIED. Decoding, and
 /// encoding the whole object, are shared with the other watchers of the event.
 fn event_line(
-    state: &ApiState,
     rt: &'static ResourceType,
     sel: &Selectors,
     out: Output,
     ev: &berth_store::Event,
+    decoded: &Decoded,
 ) -> Option<Bytes> {
-    let decoded = state.watch_events.get(rt, ev);
     let new = decoded.new_object(rt, ev);
     let matches = |o: Option<&Value>| o.is_some_and(|o| sel.matches(rt, o));
     // With no selector, only whether there was an old object matters: it need not be decoded.
@@ -104,7 +120,7 @@ fn line(kind: &str, object: Value) -> Bytes {
 
 /// The ERROR line that ends a watch: `410 Gone` when its revision was compacted (clients list
 /// again), else what the store's failure maps to (clients watch again from where they were).
-fn expired_line(rt: &ResourceType, err: StoreError) -> Bytes {
+pub(crate) fn expired_line(rt: &ResourceType, err: StoreError) -> Bytes {
     let status = match err {
         StoreError::Compacted { requested, compacted } => {
             ApiError::gone(format!("too old resource version: {requested} ({compacted})"))
@@ -146,15 +162,19 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
             (Vec::new(), rev)
         }
     };
-    let events = match state.store.watch(&prefix, start).await {
-        Ok(s) => Some(s),
-        Err(e @ StoreError::Compacted { .. }) => {
-            let body = Body::from(expired_line(rt, e));
-            let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
-            resp.extensions_mut().insert(crate::negotiation::WatchStream);
-            return Ok(resp);
-        }
-        Err(e) => return Err(ApiError::from_store(e, rt, "")),
+    let slot = Slot::of(rt, t.namespace.as_deref(), q.get("fieldSelector"));
+    let events = match state.watch_hub.subscribe(&state, rt, start, slot).await {
+        Some(sub) => Source::Hub(sub),
+        None => match state.store.watch(&prefix, start).await {
+            Ok(s) => Source::Store(s),
+            Err(e @ StoreError::Compacted { .. }) => {
+                let body = Body::from(expired_line(rt, e));
+                let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
+                resp.extensions_mut().insert(crate::negotiation::WatchStream);
+                return Ok(resp);
+            }
+            Err(e) => return Err(ApiError::from_store(e, rt, "")),
+        },
     };
     state.metrics.watchers(rt.plural, 1);
     let guard = WatchGuard { state: state.clone(), resource: rt.plural };
@@ -174,7 +194,7 @@ fn async_stream(
     out: Output,
     initial: Vec<Value>,
     start: i64,
-    events: Option<berth_store::WatchStream>,
+    mut events: Source,
     bookmarks: bool,
     timeout: Duration,
     guard: WatchGuard,
@@ -187,19 +207,25 @@ fn async_stream(
                 return;
             }
         }
-        let Some(mut events) = events else { return };
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last_rev = start;
         loop {
-            let next = tokio::time::timeout(BOOKMARK_EVERY, events.next());
+            let next = tokio::time::timeout(BOOKMARK_EVERY, events.next(&state, rt));
             let item = tokio::select! {
                 r = next => r,
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = tx.closed() => return,
             };
-            let ev = match item {
+            let (ev, decoded) = match item {
                 Err(_idle) => {
                     if bookmarks {
+                        // Events this watcher does not select also move its resourceVersion on.
+                        let rev = match events.progress() {
+                            Some(progress) if events.is_empty() => last_rev.max(progress),
+                            Some(_) => continue,
+                            None => last_rev,
+                        };
+                        last_rev = rev;
                         let bm = json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": last_rev.to_string()}});
                         if tx.send(line("BOOKMARK", bm)).await.is_err() {
                             return;
@@ -207,19 +233,76 @@ fn async_stream(
                     }
                     continue;
                 }
-                Ok(None) => return,
-                Ok(Some(Err(e))) => {
-                    let _ = tx.send(expired_line(rt, e)).await;
+                Ok(Next::End) => return,
+                Ok(Next::Error(line)) => {
+                    let _ = tx.send(line).await;
                     return;
                 }
-                Ok(Some(Ok(ev))) => ev,
+                Ok(Next::Event(ev, decoded)) => (ev, decoded),
             };
             last_rev = ev.revision;
-            let Some(bytes) = event_line(&state, rt, &sel, out, &ev) else { continue };
+            let Some(bytes) = event_line(rt, &sel, out, &ev, &decoded) else { continue };
             if tx.send(bytes).await.is_err() {
                 return;
             }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)
+}
+
+/// Where a watch's events come from.
+enum Source {
+    /// The type's shared dispatcher.
+    Hub(Subscription),
+    /// A store watch of its own, for a start older than the hub keeps.
+    Store(berth_store::WatchStream),
+}
+
+enum Next {
+    Event(Arc<berth_store::Event>, Arc<Decoded>),
+    /// The ERROR line that ends the watch.
+    Error(Bytes),
+    End,
+}
+
+impl Source {
+    async fn next(&mut self, state: &ApiState, rt: &'static ResourceType) -> Next {
+        match self {
+            Source::Hub(sub) => {
+                if let Some((ev, decoded)) = sub.replay.pop_front() {
+                    return Next::Event(ev, decoded);
+                }
+                match sub.live.recv().await {
+                    Some(Message::Event(ev, decoded)) => Next::Event(ev, decoded),
+                    Some(Message::End(line)) => Next::Error(line),
+                    // Cut off as too slow (logged by the dispatcher), or the store watch ended.
+                    None => Next::End,
+                }
+            }
+            Source::Store(events) => match events.next().await {
+                None => Next::End,
+                Some(Err(e)) => Next::Error(expired_line(rt, e)),
+                Some(Ok(ev)) => {
+                    let decoded = state.watch_events.get(rt, &ev);
+                    Next::Event(Arc::new(ev), decoded)
+                }
+            },
+        }
+    }
+
+    /// The dispatcher's progress, read before [`Source::is_empty`] so that an empty queue then
+    /// means every selected event up to it was delivered.
+    fn progress(&self) -> Option<i64> {
+        match self {
+            Source::Hub(sub) => Some(sub.progress()),
+            Source::Store(_) => None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Source::Hub(sub) => sub.replay.is_empty() && sub.live.is_empty(),
+            Source::Store(_) => true,
+        }
+    }
 }

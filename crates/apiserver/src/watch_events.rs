@@ -6,7 +6,8 @@
 //! and encodes as there were watchers. Here the first watcher to see an event decodes it (and
 //! encodes its line for the plain-object output) and the others reuse the result. Only the last
 //! [`RECENT`] events are kept: watchers handle an event within moments of each other, and one
-//! that falls behind decodes for itself.
+//! that falls behind decodes for itself. Watches fed by the [watch hub](crate::watch_hub) get the
+//! decoding along with the event, so theirs is shared however far behind they are.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};

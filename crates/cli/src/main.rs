@@ -70,6 +70,8 @@ fn main() -> anyhow::Result<()> {
     if matches!(cli.command, Command::Agent(_)) {
         berth_runtime::memory::limit_arenas();
     }
+    // A large list's memory goes back to the OS once it is written.
+    berth_apiserver::memory::set_trim(berth_runtime::memory::trim);
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
         match cli.command {

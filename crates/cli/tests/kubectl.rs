@@ -392,8 +392,16 @@ fn kubectl_creates_and_exposes_services_and_shows_their_endpoints() {
         services.contains("kubernetes") && services.contains("10.100.0.1") && services.contains("443/TCP"),
         "{services}"
     );
+    // Bound to loopback, the server also serves where pods reach this host (the default route's
+    // source address), and that is where the kubernetes Service sends them.
+    let routable = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|u| u.connect("192.0.2.1:9").and_then(|()| u.local_addr()))
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into());
     let endpoints = s.kubectl_ok(&["get", "endpoints", "kubernetes"]);
-    assert!(endpoints.contains(&format!("127.0.0.1:{}", s.port)), "{endpoints}");
+    assert!(endpoints.contains(&format!("{routable}:{}", s.port)), "{endpoints}");
+    let version = s.kubectl_ok(&["--server", &format!("https://{routable}:{}", s.port), "version", "-o", "json"]);
+    assert!(version.contains("serverVersion"), "{version}");
 
     let out = s.kubectl_ok(&["create", "service", "clusterip", "db", "--tcp=5432:5432", "--clusterip=10.100.0.50"]);
     assert!(out.contains("service/db created"), "{out}");

@@ -126,9 +126,15 @@ fn services_route_by_cluster_ip_dns_name_and_node_port_for_runc_and_gvisor_pods(
     // through nslookup, which asks the pod's resolv.conf nameserver and searches its domains.
     let script = format!(
         "{RESOLVE} nslookup web; for name in web web.default.svc.cluster.local gweb; do \
-         echo \"answer=$(timeout 10 wget -qO- http://$(resolve $name))\"; done"
+         echo \"answer=$(timeout 10 wget -qO- http://$(resolve $name))\"; done; \
+         echo api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT \
+           $(echo | timeout 10 nc $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT | od -An -tu1 -N1)"
     );
     let logs = client(&cluster, "runc-client", &busybox, None, &script);
+    // In-cluster clients reach the API server through the kubernetes Service: a TLS server
+    // answers there (its first byte is a TLS record type, here an alert for the bad hello).
+    let api = logs.lines().find_map(|l| l.strip_prefix("api=")).unwrap_or_default();
+    assert_eq!(api.trim(), "10.96.0.1:443 21", "{logs}");
     assert!(logs.contains(&web_ip), "nslookup answers the ClusterIP: {logs}");
     let answers: Vec<&str> = logs.lines().filter_map(|l| l.strip_prefix("answer=")).collect();
     assert_eq!(answers.len(), 3, "{logs}");

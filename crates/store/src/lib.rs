@@ -134,4 +134,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// The revision up to which history has been compacted (0 if never).
     async fn compacted_revision(&self) -> Result<Revision>;
+
+    /// Whether history after `revision` is gone, so that a watch from it gets `Compacted`.
+    async fn is_compacted(&self, revision: Revision) -> Result<bool> {
+        Ok(revision < self.compacted_revision().await?)
+    }
 }

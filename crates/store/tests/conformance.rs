@@ -587,6 +587,9 @@ async fn compacted_revision_is_gone_for_watchers_and_lists_but_current_data_surv
     assert!(matches!(err, StoreError::Compacted { compacted, .. } if compacted == b.mod_revision), "{err:?}");
     let err = s.watch("/cmp/", b.mod_revision - 1).await.err().expect("watch just before");
     assert!(matches!(err, StoreError::Compacted { .. }), "{err:?}");
+    assert!(s.is_compacted(b.mod_revision - 1).await.unwrap());
+    assert!(!s.is_compacted(b.mod_revision).await.unwrap());
+    assert!(!s.is_compacted(c.mod_revision).await.unwrap());
     let err = s.list("/cmp/", &at(a2.mod_revision)).await.expect_err("list before compaction");
     assert!(
         matches!(err, StoreError::Compacted { requested, compacted }

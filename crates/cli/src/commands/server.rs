@@ -134,7 +134,12 @@ async fn run_server(args: ServeArgs) -> anyhow::Result<()> {
         secure_port: args.secure_port,
         etcd_servers: args.etcd_servers.into_iter().filter(|s| !s.is_empty()).collect(),
         token_auth_file: args.token_auth_file,
-        extra_sans: args.tls_san,
+        // The kubernetes Service's fully qualified name, for in-cluster clients.
+        extra_sans: args
+            .tls_san
+            .into_iter()
+            .chain([format!("kubernetes.default.svc.{}", args.cluster_domain)])
+            .collect(),
         compaction_interval: Duration::from_secs(args.compaction_interval_seconds.max(1)),
         admission: Admission::server_defaults(DefaultTolerationSeconds {
             not_ready: args.default_not_ready_toleration_seconds,

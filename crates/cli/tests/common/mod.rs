@@ -132,6 +132,11 @@ impl Server {
         self.kubectl_stdin(&["apply", "-f", "-"], yaml)
     }
 
+    /// The server's process id, e.g. to read its memory.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server runs").id()
+    }
+
     /// SIGKILL, as a crash.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -483,4 +483,9 @@ impl Store for EtcdStore {
     async fn compacted_revision(&self) -> Result<Revision> {
         self.probe_compacted().await
     }
+
+    /// One read at `revision` tells, where the compacted revision takes a bisection.
+    async fn is_compacted(&self, revision: Revision) -> Result<bool> {
+        Ok(revision < self.compacted.load(Ordering::SeqCst) || !self.readable(revision.max(1)).await?)
+    }
 }
