@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use berth_common::error::error_chain;
 use tokio::sync::{Notify, watch};
 
 use crate::config::{Config, ConfigError, FileConfig, Flags, ProxyMode};
@@ -86,18 +87,6 @@ pub enum AgentError {
 
 /// Where container logs live, `<namespace>_<pod>_<uid>/<container>/<restart>.log`, as kubelet keeps them.
 pub const POD_LOG_DIR: &str = "/var/log/pods";
-
-/// `error: cause: cause …`, for logs.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
 
 /// The kube client of `config.kubeconfig`, or of kube's inference without one.
 pub async fn client(config: &Config) -> Result<kube::Client, AgentError> {

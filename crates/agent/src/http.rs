@@ -38,9 +38,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::agent::error_chain;
 use crate::runtimes::RuntimeManager;
 use auth::{AuthError, Authenticator};
+use berth_common::error::error_chain;
 use forward::text_error;
 use logs::{LogOptions, LogReader, RunningCheck};
 use lookup::{FoundPod, Instance, LookupError};

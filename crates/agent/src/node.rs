@@ -595,12 +595,12 @@ impl NodeReporter {
     pub async fn run(mut self) {
         let mut backoff = Duration::from_millis(200);
         while let Err(e) = self.register().await {
-            tracing::warn!(error = %crate::agent::error_chain(&e), retry_in = ?backoff, "node registration failed");
+            tracing::warn!(error = %berth_common::error::error_chain(&e), retry_in = ?backoff, "node registration failed");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(7));
         }
         if let Err(e) = self.renew_lease().await {
-            tracing::warn!(error = %crate::agent::error_chain(&e), "lease renewal failed");
+            tracing::warn!(error = %berth_common::error::error_chain(&e), "lease renewal failed");
         }
         let mut lease_tick = tokio::time::interval(LEASE_RENEW_INTERVAL);
         lease_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -614,7 +614,7 @@ impl NodeReporter {
             tokio::select! {
                 _ = lease_tick.tick() => {
                     if let Err(e) = self.renew_lease().await {
-                        tracing::warn!(error = %crate::agent::error_chain(&e), "lease renewal failed");
+                        tracing::warn!(error = %berth_common::error::error_chain(&e), "lease renewal failed");
                     }
                     continue;
                 }
@@ -629,7 +629,7 @@ impl NodeReporter {
                 }
             }
             if let Err(e) = self.report_status(false).await {
-                tracing::warn!(error = %crate::agent::error_chain(&e), "node status update failed");
+                tracing::warn!(error = %berth_common::error::error_chain(&e), "node status update failed");
             }
         }
     }
@@ -677,7 +677,7 @@ pub async fn node_event(client: &kube::Client, node: &str, type_: &str, reason: 
     };
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     if let Err(e) = events.create(&PostParams::default(), &event).await {
-        tracing::warn!(reason, error = %crate::agent::error_chain(&e), "could not record a node event");
+        tracing::warn!(reason, error = %berth_common::error::error_chain(&e), "could not record a node event");
     }
 }
 

@@ -11,8 +11,7 @@
 //! the server notices a changed file on the next unknown token at once and on known node
 //! tokens within [`NODE_TOKENS_RECHECK`].
 
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -345,18 +344,9 @@ pub fn create_node_token(data_dir: &Path, node: &str) -> Result<String, AuthnErr
     let user = format!("{NODE_USER_PREFIX}{node}");
     content.push_str(&csv_record(&[&token, &user, "", NODES_GROUP]));
     content.push('\n');
-    let tmp = data_dir.join(format!(".{NODE_TOKEN_FILE}.{}.tmp", std::process::id()));
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-        file.write_all(content.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(data_dir)?.sync_all()
-    })();
-    if let Err(source) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(write_err(source));
-    }
+    berth_common::fs::write_atomic(&path, content.as_bytes(), 0o600).map_err(|e| write_err(e.source))?;
+    // The rename survives a host crash only once the directory is synced.
+    std::fs::File::open(data_dir).and_then(|dir| dir.sync_all()).map_err(write_err)?;
     Ok(token)
 }
 

@@ -171,7 +171,7 @@ fn mark_as_deleting(obj: &mut Value, now: jiff::Timestamp) {
     let earlier = existing.as_deref().and_then(|t| t.parse::<jiff::Timestamp>().ok()).is_some_and(|t| t <= now);
     let m = meta_mut(obj);
     if !earlier {
-        m.insert("deletionTimestamp".into(), json!(objects::rfc3339(now)));
+        m.insert("deletionTimestamp".into(), json!(berth_common::time::rfc3339(now)));
     }
     m.insert("deletionGracePeriodSeconds".into(), json!(0));
 }
@@ -190,7 +190,7 @@ fn plan(rt: &ResourceType, old: &Value, opts: &DeleteOptions, now: jiff::Timesta
     if std::ptr::eq(rt, &NAMESPACES) {
         if !objects::is_deleting(old) {
             let m = meta_mut(&mut new);
-            m.insert("deletionTimestamp".into(), json!(objects::rfc3339(now)));
+            m.insert("deletionTimestamp".into(), json!(berth_common::time::rfc3339(now)));
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
             new["status"]["phase"] = json!("Terminating");
             if let Some(finalizers) = namespace_deletion_finalizers(&objects::finalizers(old), opts.cascade) {
@@ -213,7 +213,7 @@ fn plan(rt: &ResourceType, old: &Value, opts: &DeleteOptions, now: jiff::Timesta
                 }
                 let at = now.checked_add(jiff::SignedDuration::from_secs(grace)).unwrap_or(now);
                 let m = meta_mut(&mut new);
-                m.insert("deletionTimestamp".into(), json!(objects::rfc3339(at)));
+                m.insert("deletionTimestamp".into(), json!(berth_common::time::rfc3339(at)));
                 m.insert("deletionGracePeriodSeconds".into(), json!(grace));
                 true
             }

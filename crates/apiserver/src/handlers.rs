@@ -443,7 +443,7 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
             m.insert("name".into(), json!(generate_name(&generate)));
         }
         m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-        m.insert("creationTimestamp".into(), json!(objects::now_rfc3339()));
+        m.insert("creationTimestamp".into(), json!(berth_common::time::now_rfc3339()));
         for k in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
             m.remove(k);
         }
@@ -799,7 +799,7 @@ async fn bind(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, body
         new["spec"]["nodeName"] = json!(node);
         let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
         let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
-        conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": objects::now_rfc3339()}));
+        conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": berth_common::time::now_rfc3339()}));
         new["status"]["conditions"] = json!(conds);
         match write_update(state, t, name, new, &old, rev, q.dry_run()).await {
             Ok(_) => {

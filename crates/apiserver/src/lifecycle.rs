@@ -28,7 +28,7 @@ pub async fn bootstrap(state: &ApiState) -> ApiResult<()> {
             "metadata": {
                 "name": ns,
                 "uid": uuid::Uuid::new_v4().to_string(),
-                "creationTimestamp": objects::now_rfc3339(),
+                "creationTimestamp": berth_common::time::now_rfc3339(),
                 "labels": {"kubernetes.io/metadata.name": ns},
             },
         });

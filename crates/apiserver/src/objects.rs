@@ -56,15 +56,6 @@ pub fn is_deleting(obj: &Value) -> bool {
     meta(obj).get("deletionTimestamp").is_some_and(|v| !v.is_null())
 }
 
-/// Kubernetes' timestamp format: RFC 3339 with second precision, UTC.
-pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
-
-pub fn rfc3339(ts: jiff::Timestamp) -> String {
-    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
-
 pub fn key(rt: &ResourceType, namespace: Option<&str>, name: &str) -> String {
     match namespace {
         Some(ns) if rt.namespaced => format!("/registry/{}/{ns}/{name}", rt.storage),

@@ -21,15 +21,14 @@ use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use berth_api::FieldError;
 use berth_api::resources::{NODES, PODS};
+use berth_common::tls::AnyServerCertificate;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::WebSocketStream;
@@ -233,7 +232,7 @@ pub fn log_query(name: &str, pairs: &[(String, String)]) -> ApiResult<String> {
             .parse::<jiff::Timestamp>()
             .map_err(|_| ApiError::bad_request(format!("sinceTime: invalid time {t:?}: want RFC 3339")))?;
         // kube-apiserver passes whole seconds on.
-        out.append_pair("sinceTime", &at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+        out.append_pair("sinceTime", &berth_common::time::rfc3339(at));
     }
     if let Some(n) = int(pairs, "tailLines")? {
         if n < 0 {
@@ -522,53 +521,14 @@ pub(crate) fn tls_connector() -> tokio_rustls::TlsConnector {
             .with_safe_default_protocol_versions()
             .expect("ring supports the default protocol versions")
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyAgentCertificate(provider)))
+            // Agents make their own, self-signed, certificates: kube-apiserver without
+            // `--kubelet-certificate-authority` accepts them too.
+            .with_custom_certificate_verifier(Arc::new(AnyServerCertificate::new(provider)))
             .with_no_client_auth();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Arc::new(config)
     });
     tokio_rustls::TlsConnector::from(config.clone())
-}
-
-/// Accepts whatever certificate an agent presents (agents make their own, self-signed), as
-/// kube-apiserver does without `--kubelet-certificate-authority`; the handshake signature is
-/// still checked, so the peer holds the certificate's key.
-#[derive(Debug)]
-struct AnyAgentCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AnyAgentCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -93,7 +93,12 @@ impl Owner {
     fn of(obj: &Value) -> Owner {
         let m = objects::meta(obj);
         let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        Owner { namespace: s("namespace"), name: s("name"), uid: s("uid"), claimed_at: objects::now_rfc3339() }
+        Owner {
+            namespace: s("namespace"),
+            name: s("name"),
+            uid: s("uid"),
+            claimed_at: berth_common::time::now_rfc3339(),
+        }
     }
 }
 
@@ -502,7 +507,7 @@ pub(crate) async fn put(
                 let mut obj = obj.clone();
                 let m = objects::meta_mut(&mut obj);
                 m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-                m.insert("creationTimestamp".into(), json!(objects::now_rfc3339()));
+                m.insert("creationTimestamp".into(), json!(berth_common::time::now_rfc3339()));
                 match state.store.create(&key, objects::encode(rt, &obj)).await {
                     Ok(_) => return Ok(()),
                     Err(StoreError::AlreadyExists { .. }) => continue,
@@ -555,7 +560,7 @@ async fn ensure_server_service(state: &ApiState, svc: ServerService, address: Ip
                 "name": name,
                 "namespace": ns,
                 "uid": uuid::Uuid::new_v4().to_string(),
-                "creationTimestamp": objects::now_rfc3339(),
+                "creationTimestamp": berth_common::time::now_rfc3339(),
                 "labels": svc.labels,
             },
             "spec": {"type": "ClusterIP", "clusterIP": svc.cluster_ip, "ports": svc.ports, "sessionAffinity": "None"},

@@ -13,14 +13,15 @@
 //! Private keys and token-bearing files are written with mode 0600. All keys are ECDSA P-256.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
+use berth_common::fs::{WriteError, write_atomic};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SerialNumber,
@@ -83,6 +84,12 @@ pub enum TlsError {
     Rustls(#[source] rustls::Error),
 }
 
+impl From<WriteError> for TlsError {
+    fn from(WriteError { action, path, source }: WriteError) -> Self {
+        TlsError::Io { action, path, source }
+    }
+}
+
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> TlsError {
     let path = path.to_path_buf();
     move |source| TlsError::Io { action, path, source }
@@ -128,8 +135,8 @@ pub fn ensure_pki(data_dir: &Path, bind: IpAddr, extra_sans: &[String]) -> Resul
     }
 
     let (cert_pem, key_pem) = issue_serving_cert(&ca_key, &sans, SERVING_VALIDITY_DAYS)?;
-    write_file(&key_path, key_pem.as_bytes(), 0o600)?;
-    write_file(&cert_path, cert_pem.as_bytes(), 0o644)?;
+    write_atomic(&key_path, key_pem.as_bytes(), 0o600)?;
+    write_atomic(&cert_path, cert_pem.as_bytes(), 0o644)?;
     Ok(Pki { ca_pem, server_cert_pem: cert_pem, server_key_pem: key_pem })
 }
 
@@ -194,8 +201,8 @@ fn ensure_ca(dir: &Path) -> Result<(String, KeyPair), TlsError> {
             set_validity(&mut params, CA_VALIDITY_DAYS);
             params.serial_number = Some(random_serial()?);
             let cert = params.self_signed(&key).map_err(TlsError::Certificate)?;
-            write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-            write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
+            write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+            write_atomic(&cert_path, cert.pem().as_bytes(), 0o644)?;
             tracing::info!(path = %cert_path.display(), "created cluster ca");
             Ok((cert.pem(), key))
         }
@@ -317,7 +324,7 @@ pub fn ensure_admin_token(data_dir: &Path) -> Result<String, TlsError> {
     }
     fs::create_dir_all(data_dir).map_err(io_err("create", data_dir))?;
     let token: String = random_bytes::<32>()?.iter().map(|b| format!("{b:02x}")).collect();
-    write_file(&path, format!("{token}\n").as_bytes(), 0o600)?;
+    write_atomic(&path, format!("{token}\n").as_bytes(), 0o600)?;
     Ok(token)
 }
 
@@ -347,7 +354,7 @@ pub fn write_kubeconfig(path: &Path, server_url: &str, ca_pem: &str, user: &str,
         "preferences": {},
     });
     let yaml = serde_yaml::to_string(&config).map_err(parse_err("kubeconfig"))?;
-    write_file(path, yaml.as_bytes(), 0o600)
+    Ok(write_atomic(path, yaml.as_bytes(), 0o600)?)
 }
 
 /// A rustls server configuration for `pki` using the ring provider, offering ALPN `h2` (kubectl
@@ -378,26 +385,6 @@ fn read_optional(path: &Path) -> Result<Option<String>, TlsError> {
 /// Tightens a reused secret file that may have been copied in with looser permissions.
 fn restrict(path: &Path) -> Result<(), TlsError> {
     fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(io_err("set permissions on", path))
-}
-
-/// Writes `contents` via a temporary file and rename, so a crash never leaves a torn file and
-/// the data is never readable with a wider mode than `mode`.
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), TlsError> {
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".tmp");
-    let tmp = path.with_file_name(tmp_name);
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    // `mode` only applies to newly created files; a leftover temp file keeps its old mode.
-    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(io_err("set permissions on", &tmp))?;
-    file.write_all(contents).map_err(io_err("write", &tmp))?;
-    file.sync_all().map_err(io_err("sync", &tmp))?;
-    fs::rename(&tmp, path).map_err(io_err("rename into", path))
 }
 
 #[cfg(test)]

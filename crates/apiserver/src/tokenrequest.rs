@@ -113,7 +113,7 @@ pub async fn create(
     req["spec"]["audiences"] = json!(audiences);
     req["spec"]["expirationSeconds"] = json!(seconds);
     req["spec"]["boundObjectRef"] = bound.unwrap_or(Value::Null);
-    req["status"] = json!({"token": token, "expirationTimestamp": objects::rfc3339(expires)});
+    req["status"] = json!({"token": token, "expirationTimestamp": berth_common::time::rfc3339(expires)});
     Ok(req)
 }
 

@@ -34,6 +34,9 @@ struct Tally {
     slowest: Mutex<(Duration, String)>,
     /// Per object, the acknowledged writes in order.
     acked: Mutex<BTreeMap<String, Vec<Write>>>,
+    /// Objects a write of which failed because its server was killed: it may or may not have
+    /// been applied, so their final state is not checked.
+    uncertain: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Tally {
@@ -96,6 +99,7 @@ async fn writer(api: Api<ConfigMap>, id: String, tally: Arc<Tally>, down: Arc<At
         let Some(created) =
             request(&tally, &down, format!("create {name}"), api.create(&pp, &config_map(&name, "0", None))).await
         else {
+            tally.uncertain.lock().unwrap().insert(name);
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
@@ -104,16 +108,20 @@ async fn writer(api: Api<ConfigMap>, id: String, tally: Arc<Tally>, down: Arc<At
         for value in ["1", "2"] {
             let next = config_map(&name, value, Some(rv.clone()));
             let update = api.replace(&name, &pp, &next);
-            let Some(updated) = request(&tally, &down, format!("update {name}"), update).await else { break };
+            let Some(updated) = request(&tally, &down, format!("update {name}"), update).await else {
+                tally.uncertain.lock().unwrap().insert(name.clone());
+                break;
+            };
             rv = updated.metadata.resource_version.clone().unwrap();
             tally.ack(&name, Some((rv.clone(), value.into())));
         }
-        if i % 3 == 0
-            && request(&tally, &down, format!("delete {name}"), api.delete(&name, &DeleteParams::default()))
-                .await
-                .is_some()
-        {
-            tally.ack(&name, None);
+        if i % 3 == 0 {
+            match request(&tally, &down, format!("delete {name}"), api.delete(&name, &DeleteParams::default())).await {
+                Some(_) => tally.ack(&name, None),
+                None => {
+                    tally.uncertain.lock().unwrap().insert(name);
+                }
+            }
         }
     }
 }
@@ -272,20 +280,22 @@ fn two_servers_on_three_etcd_members_serve_without_a_failed_request_through_memb
     let failures = tally.failures.lock().unwrap().clone();
     let slowest = tally.slowest.lock().unwrap().clone();
     let acked = tally.acked.lock().unwrap().clone();
+    let uncertain = tally.uncertain.lock().unwrap().clone();
     eprintln!(
-        "{} requests answered, {} failed; slowest {:?} ({}); {} objects written",
+        "{} requests answered, {} failed; slowest {:?} ({}); {} objects written, {} left uncertain by the killed server",
         tally.requests.load(Ordering::Relaxed),
         failures.len(),
         slowest.0,
         slowest.1,
-        acked.len()
+        acked.len(),
+        uncertain.len()
     );
     assert!(failures.is_empty(), "requests failed while the quorum held: {failures:#?}");
     assert!(acked.len() > 50, "the load wrote only {} objects", acked.len());
 
     // Every acknowledged write is what both servers read.
     rt.block_on(async {
-        for (name, writes) in &acked {
+        for (name, writes) in acked.iter().filter(|(name, _)| !uncertain.contains(*name)) {
             let last = writes.last().unwrap();
             for (server, api) in [("a", &api_a), ("b", &api_b)] {
                 match (last, api.get_opt(name).await.unwrap()) {
@@ -315,6 +325,8 @@ fn two_servers_on_three_etcd_members_serve_without_a_failed_request_through_memb
         for (name, rv) in &writes {
             let count = match rv {
                 Some(rv) => seen.events.iter().filter(|e| e.2 == *rv).count(),
+                // A delete sent as its server died may also have been applied.
+                None if uncertain.contains(name) => continue,
                 None => seen.events.iter().filter(|e| e.0 == "DELETED" && e.1 == *name).count(),
             };
             assert_eq!(count, 1, "watch {i} (through {server}): the write {rv:?} of {name} seen {count} times");

@@ -385,7 +385,14 @@ fn runsc_kill_process_ends_an_exec_that_killing_its_client_would_leave_in_the_sa
         assert!(Instant::now() < deadline, "runsc wrote no sandbox pid");
         std::thread::sleep(Duration::from_millis(20));
     };
-    let client: i32 = std::fs::read_to_string(&client_pid).unwrap().trim().parse().unwrap();
+    // runsc may create the host pid file a moment before it writes it.
+    let client: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&client_pid).ok().and_then(|p| p.trim().parse().ok()) {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "runsc wrote no host pid");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_ne!(i64::from(client), i64::from(pid), "the host pid file names the runsc exec client");
     let running = || exec_output(&rt, &id, &bundle, &["sh", "-c", "ps | grep -c 'sleep 601$' || true"]);
     assert_eq!(running().trim(), "1");

@@ -88,7 +88,7 @@ impl HostReality {
                 oom_killed: exit.oom_killed,
             }),
             Ok(None) => None,
-            Err(e) => Some(Observed::Unknown { reason: berth_cni::cni::error_chain(&e) }),
+            Err(e) => Some(Observed::Unknown { reason: berth_common::error::error_chain(&e) }),
         }
     }
 
@@ -123,7 +123,7 @@ impl Reality for HostReality {
         }
         let recorded_monitor = match berth_monitor::read_monitor_pid(&dir) {
             Ok(pid) => pid,
-            Err(e) => return Observed::Unknown { reason: berth_cni::cni::error_chain(&e) },
+            Err(e) => return Observed::Unknown { reason: berth_common::error::error_chain(&e) },
         };
         if recorded_monitor.is_none() && record.state() == ContainerState::Created {
             // Never started: the OCI container is made by StartContainer. It can still start if
@@ -151,7 +151,7 @@ impl Reality for HostReality {
                 Status::Stopped => Self::exit_of_ended(&dir, monitor_pid, "stopped"),
             },
             Err(OciError::NotFound { .. }) => Self::exit_of_ended(&dir, monitor_pid, "unknown to the OCI runtime"),
-            Err(e) => Observed::Unknown { reason: berth_cni::cni::error_chain(&e) },
+            Err(e) => Observed::Unknown { reason: berth_common::error::error_chain(&e) },
         }
     }
 

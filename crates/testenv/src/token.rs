@@ -170,22 +170,6 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
 }
 
-/// RFC 3339 UTC for a unix time (civil-from-days, Howard Hinnant's algorithm).
-fn rfc3339(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
-}
-
 impl Signer {
     fn sign(&self, subject: &str, access: &[(String, Vec<String>)], ttl: Duration) -> String {
         let n = self.issued.fetch_add(1, Ordering::Relaxed);
@@ -314,7 +298,7 @@ fn issue(s: &Signer, req: TokenRequest, creds: Option<(String, String)>) -> Resp
         "token": jwt,
         "access_token": jwt,
         "expires_in": TOKEN_TTL.as_secs(),
-        "issued_at": rfc3339(now()),
+        "issued_at": berth_common::time::now_rfc3339(),
     }))
     .into_response()
 }
@@ -334,12 +318,5 @@ mod tests {
         let kid = libtrust_key_id(b"anything");
         assert_eq!(kid.len(), 48 + 11);
         assert_eq!(kid.split(':').count(), 12);
-    }
-
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_704_067_200), "2024-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400 + 3661), "2000-02-29T01:01:01Z");
     }
 }

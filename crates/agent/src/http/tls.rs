@@ -5,11 +5,11 @@
 //! does without `--kubelet-certificate-authority`.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use berth_common::fs::{WriteError, write_atomic};
 use rcgen::{CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
@@ -35,6 +35,12 @@ pub enum CertError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+impl From<WriteError> for CertError {
+    fn from(WriteError { action, path, source }: WriteError) -> Self {
+        CertError::Io { action, path, source }
+    }
 }
 
 /// Loads `kubelet.crt`/`kubelet.key` from `dir`, creating them when either is missing, and
@@ -85,35 +91,16 @@ fn create(dir: &Path, cert_path: &Path, key_path: &Path, node_name: &str) -> Res
     params.not_after = ymd(today.saturating_add(jiff::Span::new().days(VALIDITY_DAYS)));
     let key = KeyPair::generate().map_err(CertError::Generate)?;
     let cert = params.self_signed(&key).map_err(CertError::Generate)?;
-    write_private(key_path, key.serialize_pem().as_bytes(), 0o600)?;
-    write_private(cert_path, cert.pem().as_bytes(), 0o644)?;
+    write_atomic(key_path, key.serialize_pem().as_bytes(), 0o600)?;
+    write_atomic(cert_path, cert.pem().as_bytes(), 0o644)?;
     tracing::info!(path = %cert_path.display(), "created a self-signed serving certificate");
     Ok(())
-}
-
-/// Writes through a temporary file and a rename, so a crash leaves no torn key behind.
-fn write_private(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertError> {
-    let tmp = path.with_extension("tmp");
-    let err = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| CertError::Io { action, path, source }
-    };
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(err("create", &tmp))?;
-    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(err("set permissions on", &tmp))?;
-    file.write_all(contents).map_err(err("write", &tmp))?;
-    file.sync_all().map_err(err("sync", &tmp))?;
-    fs::rename(&tmp, path).map_err(err("rename into", path))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn the_certificate_is_made_once_with_a_private_key_and_then_reused() {

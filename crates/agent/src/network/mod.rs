@@ -33,7 +33,7 @@ pub async fn run(ctx: Context) {
     let mut router = match routes::Netlink::connect() {
         Ok(table) => Some(routes::Router::new(table)),
         Err(e) => {
-            tracing::warn!(error = %crate::agent::error_chain(&e), "routes to other nodes' pods are not managed");
+            tracing::warn!(error = %berth_common::error::error_chain(&e), "routes to other nodes' pods are not managed");
             None
         }
     };

@@ -224,7 +224,7 @@ impl<T: RouteTable> Router<T> {
         let local = match self.table.local_addresses().await {
             Ok(local) => local,
             Err(e) => {
-                tracing::warn!(error = %crate::agent::error_chain(&e), "cannot read this machine's addresses");
+                tracing::warn!(error = %berth_common::error::error_chain(&e), "cannot read this machine's addresses");
                 return;
             }
         };
@@ -240,7 +240,7 @@ impl<T: RouteTable> Router<T> {
         let actual = match self.table.routes().await {
             Ok(actual) => actual,
             Err(e) => {
-                tracing::warn!(error = %crate::agent::error_chain(&e), "cannot read the routing table");
+                tracing::warn!(error = %berth_common::error::error_chain(&e), "cannot read the routing table");
                 return;
             }
         };
@@ -260,7 +260,7 @@ impl<T: RouteTable> Router<T> {
                 Ok(()) => tracing::info!(?change, "pod route changed"),
                 Err(e) => {
                     all_done = false;
-                    tracing::warn!(?change, error = %crate::agent::error_chain(&e), "changing a pod route failed");
+                    tracing::warn!(?change, error = %berth_common::error::error_chain(&e), "changing a pod route failed");
                 }
             }
         }

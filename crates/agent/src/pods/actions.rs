@@ -8,13 +8,11 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use berth_common::tls::AnyServerCertificate;
 use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::endpoint::Endpoint;
@@ -341,52 +339,13 @@ fn tls_connector() -> tokio_rustls::TlsConnector {
             .with_safe_default_protocol_versions()
             .expect("ring supports the default protocol versions")
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            // Any certificate, as kubelet probes with `InsecureSkipVerify`.
+            .with_custom_certificate_verifier(Arc::new(AnyServerCertificate::new(provider)))
             .with_no_client_auth();
         // No ALPN, like kubelet's prober transport: the target picks HTTP/1.1.
         Arc::new(config)
     });
     tokio_rustls::TlsConnector::from(config.clone())
-}
-
-/// Accepts any certificate (kubelet probes with `InsecureSkipVerify`), but still checks the
-/// handshake signatures, so the peer holds the key of the certificate it showed.
-#[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 /// A stream that keeps the first five bytes the peer sent, so a plain HTTP answer to a TLS

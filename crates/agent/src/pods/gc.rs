@@ -47,7 +47,7 @@ pub async fn pods_in_runtimes(ctx: &Context) -> HashMap<String, Found> {
                 }
             }
             Err(e) => {
-                tracing::warn!(endpoint = %ep.name, error = %crate::agent::error_chain(&e), "cannot list the endpoint's pods")
+                tracing::warn!(endpoint = %ep.name, error = %berth_common::error::error_chain(&e), "cannot list the endpoint's pods")
             }
         }
     }
@@ -90,7 +90,7 @@ pub async fn inventory_late(ctx: Arc<Context>, orphans: mpsc::Sender<Vec<Found>>
             let pods = match pods_in(&ctx, &ep).await {
                 Ok(pods) => pods,
                 Err(e) => {
-                    tracing::warn!(endpoint = %ep.name, error = %crate::agent::error_chain(&e), "cannot list the endpoint's pods");
+                    tracing::warn!(endpoint = %ep.name, error = %berth_common::error::error_chain(&e), "cannot list the endpoint's pods");
                     continue;
                 }
             };
@@ -139,7 +139,7 @@ pub async fn collect_images(ctx: Arc<Context>, thresholds: impl Fn() -> (u8, u8)
             }
             let record = records.entry(ep.name.clone()).or_default();
             if let Err(e) = collect_endpoint_images(&ep, record, high, low).await {
-                tracing::warn!(endpoint = %ep.name, error = %crate::agent::error_chain(&e), "image garbage collection failed");
+                tracing::warn!(endpoint = %ep.name, error = %berth_common::error::error_chain(&e), "image garbage collection failed");
             }
         }
         let names: HashSet<String> = ctx.runtimes.endpoints().into_iter().map(|(e, _)| e.name.clone()).collect();
@@ -199,7 +199,7 @@ async fn collect_endpoint_images(
                 tracing::info!(endpoint = %ep.name, image = %image.id, handler = %image.handler, size = image.size, "image removed")
             }
             Err(e) => {
-                tracing::warn!(endpoint = %ep.name, image = %image.id, handler = %image.handler, error = %crate::agent::error_chain(&e), "image not removed")
+                tracing::warn!(endpoint = %ep.name, image = %image.id, handler = %image.handler, error = %berth_common::error::error_chain(&e), "image not removed")
             }
         }
     }

@@ -342,7 +342,7 @@ impl Worker {
                     next
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %self.pod_ref(), state = ?self.state, error = %crate::agent::error_chain(&e), retry_in = ?retry, "pod step failed");
+                    tracing::warn!(pod = %self.pod_ref(), state = ?self.state, error = %berth_common::error::error_chain(&e), retry_in = ?retry, "pod step failed");
                     let next = Next::After(retry);
                     retry = (retry * 2).min(Duration::from_secs(30));
                     next
@@ -793,7 +793,7 @@ impl Worker {
                     Token::from_response(&tr, &key).ok_or_else(|| "the TokenRequest returned no token".to_string())
                 }
                 Err(kube::Error::Api(status)) => Err(status.message.clone()),
-                Err(e) => Err(crate::agent::error_chain(&e)),
+                Err(e) => Err(berth_common::error::error_chain(&e)),
             };
             let result = match fetched {
                 Ok(token) => {
@@ -847,7 +847,7 @@ impl Worker {
             }
             Err((name, e)) if self.volumes.is_some() => {
                 // A refresh that fails keeps the volumes as they are.
-                tracing::warn!(pod = %self.pod_ref(), volume = %name, error = %crate::agent::error_chain(&e), "volume refresh failed");
+                tracing::warn!(pod = %self.pod_ref(), volume = %name, error = %berth_common::error::error_chain(&e), "volume refresh failed");
                 if let Some((_, at)) = self.volumes.as_mut() {
                     *at = tokio::time::Instant::now();
                 }
@@ -858,7 +858,7 @@ impl Worker {
                     events::Type::Warning,
                     "",
                     "FailedMount",
-                    format!("MountVolume.SetUp failed for volume {name:?} : {}", crate::agent::error_chain(&e)),
+                    format!("MountVolume.SetUp failed for volume {name:?} : {}", berth_common::error::error_chain(&e)),
                 );
                 Ok(Some(Next::After(Duration::from_secs(2))))
             }
@@ -1250,7 +1250,7 @@ impl Worker {
         let mut mounts = match volumes::container_mounts(&c, &prepared, &env) {
             Ok(m) => m,
             Err(e) => {
-                config_error(self, crate::agent::error_chain(&e));
+                config_error(self, berth_common::error::error_chain(&e));
                 return Ok(None);
             }
         };

@@ -223,7 +223,7 @@ async fn serve_cluster_dns(
     let server = match berth_dns::ClusterDns::start(client, config).await {
         Ok(server) => server,
         Err(e) => {
-            tracing::warn!(error = %berth_agent::agent::error_chain(&e), "cluster DNS not served");
+            tracing::warn!(error = %berth_common::error::error_chain(&e), "cluster DNS not served");
             return;
         }
     };
@@ -237,7 +237,7 @@ async fn serve_cluster_dns(
         }
     };
     tokio::select! {
-        Err(e) = server.run() => tracing::warn!(error = %berth_agent::agent::error_chain(&e), "cluster DNS stopped"),
+        Err(e) = server.run() => tracing::warn!(error = %berth_common::error::error_chain(&e), "cluster DNS stopped"),
         () = keep => {}
         () = shutdown_signal() => {}
     }

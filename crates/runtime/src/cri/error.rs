@@ -158,7 +158,7 @@ impl From<Error> for tonic::Status {
 impl Error {
     /// The message with its whole chain of causes, for clients, which see no `source()`.
     pub(crate) fn full_message(&self) -> String {
-        berth_cni::cni::error_chain(self)
+        berth_common::error::error_chain(self)
     }
 }
 

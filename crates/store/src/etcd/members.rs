@@ -71,16 +71,7 @@ fn member_failed(e: &etcd_client::Error) -> bool {
 fn describe(e: &etcd_client::Error) -> String {
     match e {
         etcd_client::Error::GRpcStatus(s) if !s.message().is_empty() => s.message().to_owned(),
-        other => {
-            let mut text = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(s) = source {
-                text.push_str(": ");
-                text.push_str(&s.to_string());
-                source = s.source();
-            }
-            text
-        }
+        other => berth_common::error::error_chain(other),
     }
 }
 

@@ -626,15 +626,14 @@ pub fn ensure_node_kubeconfig(layout: &Layout, node: &str) -> anyhow::Result<()>
     write_private(&path, text.as_bytes())
 }
 
-/// Writes a file only root may read (credentials).
+/// Writes a file only root may read (credentials), its directory created first.
 pub fn write_private(path: &Path, data: &[u8]) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    write_atomically(path, data).with_context(|| format!("cannot write {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot restrict {}", path.display()))
+    berth_common::fs::write_atomic(path, data, 0o600)
+        .map_err(|e| e.source)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[cfg(test)]
