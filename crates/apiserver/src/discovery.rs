@@ -32,6 +32,24 @@ fn go_arch() -> &'static str {
     }
 }
 
+/// OIDC discovery of the service account token issuer.
+pub async fn openid_configuration(State(state): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
+    let keys = state
+        .service_account_tokens
+        .as_ref()
+        .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))?;
+    Ok(Json(keys.openid_configuration()))
+}
+
+/// The service account token verifying keys, as a JSON Web Key Set.
+pub async fn openid_jwks(State(state): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
+    let keys = state
+        .service_account_tokens
+        .as_ref()
+        .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))?;
+    Ok(Json(keys.jwks()))
+}
+
 pub async fn healthz() -> &'static str {
     "ok"
 }

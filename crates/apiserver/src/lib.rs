@@ -121,6 +121,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/healthz", get(discovery::healthz))
         .route("/livez", get(discovery::healthz))
         .route("/readyz", get(discovery::readyz))
+        .route("/.well-known/openid-configuration", get(discovery::openid_configuration))
+        .route("/openid/v1/jwks", get(discovery::openid_jwks))
         .route("/metrics", get(metrics::serve))
         .route("/api", get(discovery::api_versions))
         .route("/api/", get(discovery::api_versions))

@@ -262,6 +262,41 @@ impl TokenKeys {
         Ok(TokenKeys { signer, key_id, verifiers, issuer: issuer.to_string(), api_audiences })
     }
 
+    /// The verifying keys as a JSON Web Key Set, served at `/openid/v1/jwks` so that other
+    /// parties can check the tokens (OIDC discovery).
+    pub fn jwks(&self) -> Value {
+        let keys: Vec<Value> = self
+            .verifiers
+            .iter()
+            .filter(|p| p.len() == 65 && p[0] == 4)
+            .map(|point| {
+                let spki = [P256_SPKI_PREFIX, point].concat();
+                json!({
+                    "use": "sig",
+                    "kty": "EC",
+                    "kid": URL_SAFE_NO_PAD.encode(ring::digest::digest(&ring::digest::SHA256, &spki)),
+                    "crv": "P-256",
+                    "alg": "ES256",
+                    "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
+                    "y": URL_SAFE_NO_PAD.encode(&point[33..]),
+                })
+            })
+            .collect();
+        json!({"keys": keys})
+    }
+
+    /// The OIDC discovery document served at `/.well-known/openid-configuration`; the key set
+    /// is found under the issuer, as kube-apiserver computes it without `--service-account-jwks-uri`.
+    pub fn openid_configuration(&self) -> Value {
+        json!({
+            "issuer": self.issuer,
+            "jwks_uri": format!("{}/openid/v1/jwks", self.issuer.trim_end_matches('/')),
+            "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["ES256"],
+        })
+    }
+
     /// Fresh keys with the default issuer, for tests and throwaway servers.
     pub fn generate() -> TokenKeys {
         let pem = generate_pem().expect("generating a P-256 key");
@@ -489,6 +524,25 @@ mod tests {
         assert_eq!(extra["authentication.kubernetes.io/pod-name"], ["web"]);
         assert_eq!(extra["authentication.kubernetes.io/pod-uid"], ["pod-uid"]);
         assert_eq!(extra["authentication.kubernetes.io/credential-id"], [format!("JTI={}", c.id)]);
+    }
+
+    #[test]
+    fn the_key_set_names_the_signing_key_by_the_kid_tokens_carry_and_discovery_points_at_it() {
+        let keys = TokenKeys::generate();
+        let token = keys.sign(&claims(1_000, 3600));
+        let header: Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(token.split('.').next().unwrap()).unwrap()).unwrap();
+        let jwks = keys.jwks();
+        let key = &jwks["keys"][0];
+        assert_eq!(key["kid"], header["kid"]);
+        assert_eq!(
+            (key["kty"].as_str(), key["crv"].as_str(), key["alg"].as_str()),
+            (Some("EC"), Some("P-256"), Some("ES256"))
+        );
+        assert_eq!(URL_SAFE_NO_PAD.decode(key["x"].as_str().unwrap()).unwrap().len(), 32);
+        let discovery = keys.openid_configuration();
+        assert_eq!(discovery["issuer"], DEFAULT_ISSUER);
+        assert_eq!(discovery["jwks_uri"], format!("{DEFAULT_ISSUER}/openid/v1/jwks"));
     }
 
     #[test]
