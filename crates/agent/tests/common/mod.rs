@@ -89,8 +89,10 @@ pub fn command_in(netns: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> 
     }
 }
 
+/// A port free on every address: servers bound to loopback also listen on the host's address,
+/// and agents on all of them.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Polls `f` until it returns `Some`, for at most [`PATIENCE`].

@@ -31,8 +31,9 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// A port free on every address: the API also listens on the host's address, the agent on all.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Polls `f` until it returns `Some`, for at most `limit`.

@@ -15,8 +15,9 @@ pub struct Server {
     extra: Vec<String>,
 }
 
+/// A port free on every address: a server bound to loopback also listens on the host's address.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port()
 }
 
 impl Server {
