@@ -32,22 +32,22 @@ fn go_arch() -> &'static str {
     }
 }
 
-/// OIDC discovery of the service account token issuer.
-pub async fn openid_configuration(State(state): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
-    let keys = state
+/// The service account token keys; a server without them serves no OIDC discovery.
+fn token_keys(state: &ApiState) -> Result<&crate::satoken::TokenKeys, ApiError> {
+    state
         .service_account_tokens
         .as_ref()
-        .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))?;
-    Ok(Json(keys.openid_configuration()))
+        .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))
+}
+
+/// OIDC discovery of the service account token issuer.
+pub async fn openid_configuration(State(state): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(token_keys(&state)?.openid_configuration()))
 }
 
 /// The service account token verifying keys, as a JSON Web Key Set.
 pub async fn openid_jwks(State(state): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
-    let keys = state
-        .service_account_tokens
-        .as_ref()
-        .ok_or_else(|| ApiError::new(404, "NotFound", "the server could not find the requested resource"))?;
-    Ok(Json(keys.jwks()))
+    Ok(Json(token_keys(&state)?.jwks()))
 }
 
 pub async fn healthz() -> &'static str {
