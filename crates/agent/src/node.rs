@@ -39,8 +39,9 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 /// How often the status is recomputed even without a runtime change (kubelet's
 /// `nodeStatusUpdateFrequency`).
 pub const STATUS_CHECK_INTERVAL: Duration = Duration::from_secs(10);
-/// An unchanged status is still reported this often (`nodeStatusReportFrequency`).
-pub const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(60);
+/// An unchanged status is still reported this often (kubelet's `nodeStatusReportFrequency`): the
+/// Lease is the heartbeat, so at scale an unchanged Node is not rewritten every minute.
+pub const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(300);
 /// What `status.nodeInfo.kubeletVersion` says: the Kubernetes API this agent follows, with
 /// berth's version as semver build metadata.
 pub const KUBELET_VERSION: &str = concat!("v1.33.0+berth-", env!("CARGO_PKG_VERSION"));

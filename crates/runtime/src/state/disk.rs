@@ -2,10 +2,13 @@
 //! at startup, and the lenient decoding of stored CRI configs.
 //!
 //! Durability: a record survives `berth runtime` dying at any point (its writes are in the page
-//! cache). Against a host crash only the file's data is synced, so a rename never exposes an empty
-//! record; directories are not synced (three fsyncs per write cost more than the rest of a pod's
-//! bookkeeping). After a power loss a record may be one write older or a removed one may be back:
-//! no container survives a reboot anyway, and recovery reconciles every record with what runs,
+//! cache). Against a host crash, the write that ends an RPC ([`Sync::Data`]) syncs the file's data,
+//! so a rename never exposes an empty record; the writes before it within the same RPC
+//! ([`Sync::PageCache`]) are not synced, since until the RPC answers nobody relies on them, and
+//! directories are not synced (three fsyncs per write cost more than the rest of a pod's
+//! bookkeeping). After a power loss a record may be a few writes older, a removed one may be back,
+//! or one that was never acknowledged may be empty (recovery skips it and reports it): no
+//! container survives a reboot anyway, and recovery reconciles every record with what runs,
 //! marking it exited or unknown.
 
 use std::fs::{self, File};
@@ -18,9 +21,18 @@ use serde::de::DeserializeOwned;
 use super::error::StateError;
 use super::is_valid_id;
 
+/// How far a record write goes before it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sync {
+    /// The file's data reaches the disk before the rename: the write that an RPC acknowledges.
+    Data,
+    /// The page cache only: a write that an RPC makes before the one it acknowledges.
+    PageCache,
+}
+
 /// Replaces `path` with `bytes` so that a crash leaves the old file or the new one, never a mix;
 /// creates the record's directory first.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], sync: Sync) -> Result<(), StateError> {
     let dir = path.parent().expect("a record file lives in its record's directory");
     match fs::create_dir(dir) {
         Ok(()) => {}
@@ -32,7 +44,10 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> 
     let written = (|| {
         let mut file = File::create(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_data()
+        match sync {
+            Sync::Data => file.sync_data(),
+            Sync::PageCache => Ok(()),
+        }
     })();
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
         let _ = fs::remove_file(&tmp);
@@ -158,8 +173,8 @@ mod tests {
     fn an_atomic_write_creates_the_directory_and_leaves_no_temporary_file() {
         let root = tempfile::tempdir().unwrap();
         let path = root.path().join("abc").join("r.json");
-        write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
+        write_atomic(&path, b"one", Sync::PageCache).unwrap();
+        write_atomic(&path, b"two", Sync::Data).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
     }
@@ -168,12 +183,12 @@ mod tests {
     fn removing_a_record_keeps_a_directory_that_still_has_other_files() {
         let root = tempfile::tempdir().unwrap();
         let path = root.path().join("abc").join("r.json");
-        write_atomic(&path, b"x").unwrap();
+        write_atomic(&path, b"x", Sync::Data).unwrap();
         fs::write(root.path().join("abc").join("resolv.conf"), b"").unwrap();
         remove_record(&path).unwrap();
         assert!(!path.exists() && root.path().join("abc").exists());
         fs::remove_file(root.path().join("abc").join("resolv.conf")).unwrap();
-        write_atomic(&path, b"x").unwrap();
+        write_atomic(&path, b"x", Sync::Data).unwrap();
         remove_record(&path).unwrap();
         assert!(!root.path().join("abc").exists());
         remove_record(&path).unwrap();

@@ -26,7 +26,8 @@
 //! - Reads (`sandbox`, `container`, `list_*`) and claims (`begin_*`) only take a short in-memory
 //!   lock and never wait for the disk; they may be called from async code directly.
 //! - Mutations (`create_*`, `update_*`, `Claim::commit`, `Claim::remove`, `reconcile`) serialize on
-//!   one writer lock held across the record's write (a small file, one fsync), and change the
+//!   one writer lock held across the record's write (a small file; one fsync for a commit or an
+//!   unclaimed update, none for a create or a claim's intermediate update), and change the
 //!   in-memory view only after the disk has changed, so readers see either the old or the new record
 //!   and never one the disk lacks. Call them inside `spawn_blocking`, next to the OCI runtime call
 //!   they follow.

@@ -112,6 +112,8 @@ pub struct Entry<R> {
     record: R,
     /// The slow operation holding the record, if any (memory only: a restart ends them all).
     busy: Option<Op>,
+    /// The record's last write was not synced: the next synced update writes it even unchanged.
+    unsynced: bool,
 }
 
 // `pub` only to appear in the sealed trait: the module is private, so it is not nameable.
@@ -165,9 +167,10 @@ impl<R: Record> Table<R> {
         }
     }
 
+    /// Adds a record written without a sync, or loaded from a file that may still be one.
     fn insert(&mut self, record: R, busy: Option<Op>) {
         self.names.entry(record.reservation_key()).or_insert_with(|| record.id().to_string());
-        self.records.insert(record.id().to_string(), Entry { record, busy });
+        self.records.insert(record.id().to_string(), Entry { record, busy, unsynced: true });
     }
 
     /// Removes the record and releases its name if it held it.
@@ -282,10 +285,10 @@ impl Store {
         self.root.join(R::DIR).join(id).join(R::FILE)
     }
 
-    fn persist<R: Record>(&self, record: &R) -> Result<(), StateError> {
+    fn persist<R: Record>(&self, record: &R, sync: disk::Sync) -> Result<(), StateError> {
         let mut bytes = serde_json::to_vec_pretty(record).expect("a record serializes");
         bytes.push(b'\n');
-        disk::write_atomic(&self.file::<R>(record.id()), &bytes)
+        disk::write_atomic(&self.file::<R>(record.id()), &bytes, sync)
     }
 
     // ---- reads ----
@@ -388,7 +391,8 @@ impl Store {
             table.check_name(&record)?;
             check(&inner)?;
         }
-        self.persist(&record)?;
+        // Not synced: the claim's commit is what the RPC acknowledges.
+        self.persist(&record, disk::Sync::PageCache)?;
         R::table_mut(&mut lock(&self.inner)).insert(record.clone(), Some(Op::Create));
         Ok(Claim { store: Arc::clone(self), id: record.id().to_string(), op: Op::Create, record })
     }
@@ -457,7 +461,7 @@ impl Store {
         id_or_prefix: &str,
         f: impl FnOnce(&mut SandboxRecord) -> Result<T, StateError>,
     ) -> Result<(T, SandboxRecord), StateError> {
-        self.update(id_or_prefix, f)
+        self.update(id_or_prefix, disk::Sync::Data, f)
     }
 
     /// Applies `f` to the container and persists the result (if it changed) before anyone sees
@@ -467,26 +471,33 @@ impl Store {
         id_or_prefix: &str,
         f: impl FnOnce(&mut ContainerRecord) -> Result<T, StateError>,
     ) -> Result<(T, ContainerRecord), StateError> {
-        self.update(id_or_prefix, f)
+        self.update(id_or_prefix, disk::Sync::Data, f)
     }
 
     fn update<R: Record, T>(
         &self,
         id_or_prefix: &str,
+        sync: disk::Sync,
         f: impl FnOnce(&mut R) -> Result<T, StateError>,
     ) -> Result<(T, R), StateError> {
         let _write = lock(&self.write);
-        let old = R::table(&lock(&self.inner)).entry(id_or_prefix)?.record.clone();
+        let (old, unsynced) = {
+            let inner = lock(&self.inner);
+            let entry = R::table(&inner).entry(id_or_prefix)?;
+            (entry.record.clone(), entry.unsynced)
+        };
         let mut new = old.clone();
         let out = f(&mut new)?;
         if new.id() != old.id() || new.reservation_key() != old.reservation_key() {
             return Err(StateError::Invalid { kind: R::KIND, reason: "an update must not change the id or the name" });
         }
-        if new != old {
-            self.persist(&new)?;
+        if new != old || (unsynced && sync == disk::Sync::Data) {
+            self.persist(&new, sync)?;
             // Present: removal also takes the write lock.
-            R::table_mut(&mut lock(&self.inner)).records.get_mut(old.id()).expect("held by the write lock").record =
-                new.clone();
+            let mut inner = lock(&self.inner);
+            let entry = R::table_mut(&mut inner).records.get_mut(old.id()).expect("held by the write lock");
+            entry.record = new.clone();
+            entry.unsynced = sync == disk::Sync::PageCache;
         }
         Ok((out, new))
     }
@@ -534,7 +545,7 @@ fn load_into<R: Record>(root: &Path, inner: &mut Inner, report: &mut RecoveryRep
         if let Err(e) = table.check_name(&record) {
             tracing::warn!(kind = %R::KIND, id = record.id(), error = %e, "record loaded without its name");
             report.name_conflicts.push(record.id().to_string());
-            table.records.insert(record.id().to_string(), Entry { record, busy: None });
+            table.records.insert(record.id().to_string(), Entry { record, busy: None, unsynced: true });
         } else {
             table.insert(record, None);
         }
@@ -571,13 +582,14 @@ impl<R: Record> Claim<R> {
 
     /// Applies the operation's final transition, persists it and releases the record.
     pub fn commit<T>(self, f: impl FnOnce(&mut R) -> Result<T, StateError>) -> Result<(T, R), StateError> {
-        self.store.update(&self.id, f)
+        self.store.update(&self.id, disk::Sync::Data, f)
     }
 
     /// Applies an intermediate change (e.g. the netns path once it exists, so that a crash
     /// leaves it recorded for cleanup) and keeps the claim.
     pub fn update<T>(&mut self, f: impl FnOnce(&mut R) -> Result<T, StateError>) -> Result<T, StateError> {
-        let (out, record) = self.store.update(&self.id, f)?;
+        // Not synced: the commit that follows is what the RPC acknowledges.
+        let (out, record) = self.store.update(&self.id, disk::Sync::PageCache, f)?;
         self.record = record;
         Ok(out)
     }
@@ -1017,7 +1029,7 @@ mod tests {
         copy.id = format!("ee{}", &first.id[2..]);
         copy.created_at += 1;
         let path = dir.path().join("sandboxes").join(&copy.id).join("sandbox.json");
-        disk::write_atomic(&path, &serde_json::to_vec(&copy).unwrap()).unwrap();
+        disk::write_atomic(&path, &serde_json::to_vec(&copy).unwrap(), disk::Sync::Data).unwrap();
         let (store, report) = Store::recover(dir.path()).unwrap();
         assert_eq!(report.name_conflicts, vec![copy.id.clone()]);
         // Removing the newer one does not release the older one's name.
