@@ -3,15 +3,16 @@
 //! owned by the Service) and the Endpoints object listing the pods that match it, as
 //! kube-controller-manager's `endpointslice` and `endpoint` controllers keep them.
 //!
-//! Both are the same shell around [`compute`]: reflectors of Services and pods feed kube's
-//! `applier`; a pod change wakes the Services its labels match now and those it matched at its
-//! previous change (so a pod whose labels change leaves the old Service), a change to a slice or
-//! Endpoints object wakes its Service (so a hand edit is undone). Services without a selector are
-//! left alone (their endpoints are someone else's, as the `kubernetes` Service's are the API
-//! server's). Slices of a deleted Service go with it through the garbage collector (owner
-//! reference); its Endpoints object, which has no owner, is deleted by the Endpoints controller,
-//! which also deletes at start the Endpoints of Services deleted while it was not running.
-//! Endpoints hold at most 1000 addresses (`endpoints.kubernetes.io/over-capacity: truncated`).
+//! Both are the same shell around [`compute`]: a reflector of Services and the controllers' shared
+//! pod cache feed kube's `applier`; a pod change wakes the Services its labels match now and those
+//! it matched at its previous change (so a pod whose labels change leaves the old Service), a
+//! change to a slice or Endpoints object wakes its Service (so a hand edit is undone). Services
+//! without a selector are left alone (their endpoints are someone else's, as the `kubernetes`
+//! Service's are the API server's). Slices of a deleted Service go with it through the garbage
+//! collector (owner reference); its Endpoints object, which has no owner, is deleted by the
+//! Endpoints controller, which also deletes at start the Endpoints of Services deleted while it was
+//! not running. Endpoints hold at most 1000 addresses
+//! (`endpoints.kubernetes.io/over-capacity: truncated`).
 
 pub mod compute;
 pub mod mirroring;
@@ -30,6 +31,7 @@ use kube::runtime::utils::CancelableJoinHandle;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::Context;
+use crate::pod_cache::PodEvent;
 use crate::workloads::{is_already_exists, is_not_found};
 
 /// Services synced at once (`--concurrent-service-endpoint-syncs`, `--concurrent-endpoint-syncs`).
@@ -90,6 +92,11 @@ fn matches(selector: &BTreeMap<String, String>, pod: &Pod) -> bool {
     selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
+/// `namespace/name`.
+fn pod_key(pod: &Pod) -> String {
+    format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))
+}
+
 fn service_ref(namespace: Option<&str>, name: &str) -> ObjectRef<Service> {
     let r = ObjectRef::new(name);
     match namespace {
@@ -101,7 +108,7 @@ fn service_ref(namespace: Option<&str>, name: &str) -> ObjectRef<Service> {
 async fn run(ctx: Arc<Context>, which: Which) {
     let client = ctx.client.clone();
     let (svc_reader, svc_writer) = reflector::store::<Service>();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let pod_cache = ctx.pods();
 
     let deleter = client.clone();
     let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
@@ -125,28 +132,48 @@ async fn run(ctx: Arc<Context>, which: Which) {
         })
         .touched_objects();
 
-    // Pods wake the Services they match now and matched before.
+    // Pods wake the Services they match now and matched before; a resync wakes every Service.
     let services = svc_reader.clone();
-    let previous: Mutex<HashMap<String, HashSet<ObjectRef<Service>>>> = Mutex::new(HashMap::new());
-    let pod_stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .touched_objects()
-        .map_ok(move |pod| {
-            let ns = pod.metadata.namespace.clone();
-            let key = format!("{}/{}", ns.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
-            let now: HashSet<ObjectRef<Service>> = services
-                .state()
-                .iter()
-                .filter(|s| s.metadata.namespace == ns && selector(s).is_some_and(|sel| matches(sel, &pod)))
-                .map(|s| ObjectRef::from_obj(s.as_ref()))
-                .collect();
-            let mut prev = previous.lock().unwrap_or_else(|p| p.into_inner());
-            let before = if now.is_empty() { prev.remove(&key) } else { prev.insert(key, now.clone()) };
-            let all: Vec<ObjectRef<Service>> = now.into_iter().chain(before.into_iter().flatten()).collect();
-            futures::stream::iter(all.into_iter().map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))))
+    let pods = pod_cache.store();
+    let mut previous: HashMap<String, HashSet<ObjectRef<Service>>> = HashMap::new();
+    let pod_stream = pod_cache
+        .subscribe()
+        .map(move |ev| {
+            let services = services.state();
+            let matching = |pod: &Pod| -> HashSet<ObjectRef<Service>> {
+                services
+                    .iter()
+                    .filter(|s| {
+                        s.metadata.namespace == pod.metadata.namespace
+                            && selector(s).is_some_and(|sel| matches(sel, pod))
+                    })
+                    .map(|s| ObjectRef::from_obj(s.as_ref()))
+                    .collect()
+            };
+            let wake: Vec<ObjectRef<Service>> = match ev {
+                PodEvent::Applied(pod) => {
+                    let now = matching(&pod);
+                    let key = pod_key(&pod);
+                    let before = if now.is_empty() { previous.remove(&key) } else { previous.insert(key, now.clone()) };
+                    now.into_iter().chain(before.into_iter().flatten()).collect()
+                }
+                PodEvent::Deleted(pod) => {
+                    let before = previous.remove(&pod_key(&pod));
+                    matching(&pod).into_iter().chain(before.into_iter().flatten()).collect()
+                }
+                PodEvent::Resync => {
+                    previous = pods
+                        .state()
+                        .iter()
+                        .map(|p| (pod_key(p), matching(p)))
+                        .filter(|(_, now)| !now.is_empty())
+                        .collect();
+                    services.iter().filter(|s| selector(s).is_some()).map(|s| ObjectRef::from_obj(s.as_ref())).collect()
+                }
+            };
+            futures::stream::iter(wake.into_iter().map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))))
         })
-        .try_flatten();
+        .flatten();
 
     // Our own objects wake their Service.
     let owned = match which {
@@ -179,7 +206,7 @@ async fn run(ctx: Arc<Context>, which: Which) {
         tokio::spawn(delete_leftover_endpoints(client.clone()));
     }
     let queue = futures::stream::select_all([trigger_self(svc_stream, ()).boxed(), pod_stream.boxed(), owned]);
-    let shared = Arc::new(Shared { ctx, pods: pod_reader, which, failures: Mutex::new(HashMap::new()) });
+    let shared = Arc::new(Shared { pods: pod_cache.store(), ctx, which, failures: Mutex::new(HashMap::new()) });
     let results = applier(
         |svc, shared| CancelableJoinHandle::spawn(reconcile(svc, shared), &tokio::runtime::Handle::current()),
         error_policy,

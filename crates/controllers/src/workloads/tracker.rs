@@ -69,23 +69,8 @@ impl Tracker {
     /// The changes one watcher event makes, in order.
     pub fn observe<K: Resource>(&mut self, event: &Event<K>) -> Vec<Change> {
         match event {
-            Event::Apply(obj) => {
-                let seen = Seen::of(obj);
-                let id = (seen.namespace.clone(), seen.name.clone());
-                match self.known.insert(id, seen.clone()) {
-                    Some(old) if old.uid == seen.uid => {
-                        vec![Change::Updated { old: Box::new(old), new: Box::new(seen) }]
-                    }
-                    Some(old) => vec![Change::Deleted(old), Change::Added(seen)],
-                    None => vec![Change::Added(seen)],
-                }
-            }
-            Event::Delete(obj) => {
-                let seen = Seen::of(obj);
-                let id = (seen.namespace.clone(), seen.name.clone());
-                self.known.remove(&id);
-                vec![Change::Deleted(seen)]
-            }
+            Event::Apply(obj) => self.applied(obj),
+            Event::Delete(obj) => self.deleted(obj),
             Event::Init => {
                 self.relisting = Some(HashMap::new());
                 Vec::new()
@@ -97,30 +82,64 @@ impl Tracker {
                     .insert((seen.namespace.clone(), seen.name.clone()), seen);
                 Vec::new()
             }
-            Event::InitDone => {
-                let listed = self.relisting.take().unwrap_or_default();
-                let mut changes = Vec::new();
-                let mut old = std::mem::take(&mut self.known);
-                for (id, seen) in &listed {
-                    match old.remove(id) {
-                        Some(before) if before.uid == seen.uid => {
-                            if before != *seen {
-                                changes.push(Change::Updated { old: Box::new(before), new: Box::new(seen.clone()) });
-                            }
-                        }
-                        Some(before) => {
-                            changes.push(Change::Deleted(before));
-                            changes.push(Change::Added(seen.clone()));
-                        }
-                        None => changes.push(Change::Added(seen.clone())),
+            Event::InitDone => self.relisted(),
+        }
+    }
+
+    /// The changes of an object added or updated.
+    pub fn applied<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
+        let seen = Seen::of(obj);
+        let id = (seen.namespace.clone(), seen.name.clone());
+        match self.known.insert(id, seen.clone()) {
+            Some(old) if old.uid == seen.uid => vec![Change::Updated { old: Box::new(old), new: Box::new(seen) }],
+            Some(old) => vec![Change::Deleted(old), Change::Added(seen)],
+            None => vec![Change::Added(seen)],
+        }
+    }
+
+    /// The change of an object deleted.
+    pub fn deleted<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
+        let seen = Seen::of(obj);
+        self.known.remove(&(seen.namespace.clone(), seen.name.clone()));
+        vec![Change::Deleted(seen)]
+    }
+
+    /// The changes that make what it has seen `objs`, every object there is now, as a relist.
+    pub fn resync<'a, K: Resource + 'a>(&mut self, objs: impl IntoIterator<Item = &'a K>) -> Vec<Change> {
+        let listed = objs
+            .into_iter()
+            .map(|o| {
+                let seen = Seen::of(o);
+                ((seen.namespace.clone(), seen.name.clone()), seen)
+            })
+            .collect();
+        self.relisting = Some(listed);
+        self.relisted()
+    }
+
+    /// The changes of a relist, once it is complete.
+    fn relisted(&mut self) -> Vec<Change> {
+        let listed = self.relisting.take().unwrap_or_default();
+        let mut changes = Vec::new();
+        let mut old = std::mem::take(&mut self.known);
+        for (id, seen) in &listed {
+            match old.remove(id) {
+                Some(before) if before.uid == seen.uid => {
+                    if before != *seen {
+                        changes.push(Change::Updated { old: Box::new(before), new: Box::new(seen.clone()) });
                     }
                 }
-                // What the relist no longer lists was deleted while the watch was down.
-                changes.extend(old.into_values().map(Change::Deleted));
-                self.known = listed;
-                changes
+                Some(before) => {
+                    changes.push(Change::Deleted(before));
+                    changes.push(Change::Added(seen.clone()));
+                }
+                None => changes.push(Change::Added(seen.clone())),
             }
         }
+        // What the relist no longer lists was deleted while the watch was down.
+        changes.extend(old.into_values().map(Change::Deleted));
+        self.known = listed;
+        changes
     }
 }
 
@@ -248,6 +267,21 @@ mod tests {
         t.observe(&Event::Apply(pod("p", "u1", "1", "web", None)));
         let c = t.observe(&Event::Apply(pod("p", "u2", "5", "web", None)));
         assert!(matches!(&c[..], [Change::Deleted(o), Change::Added(n)] if o.uid == "u1" && n.uid == "u2"));
+    }
+
+    #[test]
+    fn a_resync_from_a_store_reports_what_changed_since_the_last_look() {
+        let mut t = Tracker::default();
+        t.applied(&pod("kept", "u1", "1", "web", Some("rs")));
+        t.applied(&pod("changed", "u2", "1", "web", Some("rs")));
+        t.applied(&pod("gone", "u3", "1", "web", Some("rs")));
+        let now = [pod("kept", "u1", "1", "web", Some("rs")), pod("changed", "u2", "7", "db", Some("rs"))];
+        let changes = t.resync(now.iter());
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert!(changes.iter().any(|c| matches!(c, Change::Updated { new, .. } if new.name == "changed")));
+        assert!(changes.iter().any(|c| matches!(c, Change::Deleted(s) if s.name == "gone")));
+        let again = t.applied(&pod("gone", "u5", "9", "web", None));
+        assert!(matches!(&again[..], [Change::Added(s)] if s.uid == "u5"), "the tracker forgot the deleted pod");
     }
 
     #[test]
