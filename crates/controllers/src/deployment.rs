@@ -107,17 +107,20 @@ pub async fn run(ctx: Arc<Context>) {
 
     // Pods matter only to Recreate, which waits for the old ones to be gone; every pod of a
     // Deployment carries the hash label.
-    // The first resync is the cache filling, when every Deployment syncs anyway; a later one
-    // may hide pod changes, so every Recreate Deployment looks again.
     let pod_observer = Observer { deployments: d_reader.clone(), rss: rs_reader.clone(), tx };
-    let mut filled = false;
     let pod_stream = pod_cache
         .subscribe()
-        .map(move |ev| match ev {
-            PodEvent::Applied(pod) | PodEvent::Deleted(pod) if has_hash_label(&pod) => pod_observer.pod_changed(&pod),
-            PodEvent::Applied(_) | PodEvent::Deleted(_) => {}
-            PodEvent::Resync if !filled => filled = true,
-            PodEvent::Resync => pod_observer.recreates_changed(),
+        .map(move |ev| {
+            // Only pods with the label count: one that lost it is gone.
+            let pod = match ev {
+                PodEvent::Applied { new, .. } if has_hash_label(&new) => Some(new),
+                PodEvent::Applied { old: Some(old), .. } if has_hash_label(&old) => Some(old),
+                PodEvent::Applied { .. } => None,
+                PodEvent::Deleted(pod) => Some(pod).filter(|p| has_hash_label(p)),
+            };
+            if let Some(pod) = pod {
+                pod_observer.pod_changed(&pod);
+            }
         })
         .filter_map(|()| std::future::ready(None::<Result<ReconcileRequest<Deployment>, watcher::Error>>));
 
@@ -198,13 +201,6 @@ impl Observer {
             && rollout::strategy(&d) == RECREATE
         {
             self.enqueue(&d);
-        }
-    }
-
-    /// Any pod may have changed: every Recreate Deployment may be waiting for its old pods.
-    fn recreates_changed(&self) {
-        for d in self.deployments.state().iter().filter(|d| rollout::strategy(d) == RECREATE) {
-            self.enqueue(d);
         }
     }
 }

@@ -145,22 +145,12 @@ pub async fn run_with(ctx: Arc<Context>, tuning: Tuning) {
         .reflect(node_writer)
         .touched_objects()
         .map_ok(|n| ObjectRef::from_obj(&n));
-    // A pod wakes its node; a resync, every node with pods, as a relist of the pods would.
-    let pods = stores.pods.clone();
-    let pod_events = pod_cache
-        .subscribe()
-        .map(move |ev| {
-            let nodes: Vec<String> = match ev {
-                PodEvent::Applied(pod) | PodEvent::Deleted(pod) => node_of(&pod).into_iter().collect(),
-                PodEvent::Resync => {
-                    let on: std::collections::BTreeSet<String> =
-                        pods.state().iter().filter_map(|p| node_of(p)).collect();
-                    on.into_iter().collect()
-                }
-            };
-            futures::stream::iter(nodes.into_iter().map(|n| Ok::<_, watcher::Error>(ObjectRef::new(&n))))
-        })
-        .flatten();
+    let pod_events = pod_cache.subscribe().filter_map(|ev| {
+        let node = match ev {
+            PodEvent::Applied { new: pod, .. } | PodEvent::Deleted(pod) => node_of(&pod),
+        };
+        std::future::ready(node.map(|n| Ok::<_, watcher::Error>(ObjectRef::new(&n))))
+    });
     let lease_events = watcher(Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE), watcher::Config::default())
         .default_backoff()
         .reflect(lease_writer)

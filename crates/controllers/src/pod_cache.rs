@@ -1,88 +1,63 @@
 //! The one cache of every pod that the controllers share, as kube-controller-manager's shared pod
-//! informer: one watch feeds one store of trimmed pods, and its changes fan out to each
-//! controller, which maps them to its own keys.
+//! informer: one watch feeds one store of trimmed pods, and each change, with the pod before and
+//! after it, goes to every controller that subscribed, which maps it to its own keys.
 //!
 //! The watch starts when a controller first asks for the cache and stops when the [`Context`]
-//! that holds it is dropped. Every change is applied to the store before it is sent, so a
-//! controller never acts on a change its store does not show yet. Changes go through a bounded
-//! broadcast of `Arc`s shared with the store; a subscriber that falls behind is told to
-//! [`PodEvent::Resync`] from the store rather than losing changes silently, as it is after the
-//! watch relists.
+//! that holds it is dropped. A change is applied to the store before it is sent, so a controller
+//! never acts on a change its store does not show yet. As client-go's informer gives each handler
+//! its own growing buffer, each subscriber has an unbounded queue: the events are `Arc`s shared
+//! with the store, so a queue costs little per change, and no subscriber ever misses one. A
+//! relist of the watch is sent as the changes it made (added, changed, gone), and a subscriber
+//! that joins once the store is filled first gets every cached pod as added; so no controller
+//! keeps a copy of what it has seen.
 //!
 //! [`Context`]: crate::Context
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
+use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::broadcast;
 
-/// Changes kept for subscribers that have not read them yet; one falling further behind resyncs.
-const BACKLOG: usize = 4096;
-
-/// A change of the cache, as a subscriber sees it.
+/// A change of the cache, as a subscriber sees it (an informer's `OnAdd`, `OnUpdate`, `OnDelete`).
 #[derive(Clone, Debug)]
 pub enum PodEvent {
-    /// The pod was added or changed; the store holds this version (or a later one).
-    Applied(Arc<Pod>),
-    /// The pod was deleted; the store no longer holds it.
+    /// The pod was added (no `old`) or changed; the store holds `new` (or a later version).
+    Applied { old: Option<Arc<Pod>>, new: Arc<Pod> },
+    /// The pod was deleted (its last state); the store no longer holds it.
     Deleted(Arc<Pod>),
-    /// Anything may have changed (the watch relisted, or this subscriber fell behind): the store
-    /// holds the truth.
-    Resync,
 }
 
 /// The shared pod cache; reach it through `Context::pods`.
 pub struct PodCache {
     store: Store<Pod>,
-    changes: broadcast::Sender<PodEvent>,
-    filled: Arc<AtomicBool>,
+    fanout: Arc<Mutex<Fanout>>,
     watch: tokio::task::AbortHandle,
 }
 
 impl PodCache {
     /// Starts the watch of every pod; it runs until the cache is dropped.
     pub(crate) fn start(client: kube::Client) -> PodCache {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let (changes, _) = broadcast::channel(BACKLOG);
-        let filled = Arc::new(AtomicBool::new(false));
-        let (tx, done) = (changes.clone(), filled.clone());
-        let reader = store.clone();
+        let (store, writer) = reflector::store::<Pod>();
+        let fanout = Arc::new(Mutex::new(Fanout::new(writer)));
+        let feed = fanout.clone();
         let watch = tokio::spawn(async move {
             let mut events = std::pin::pin!(
                 watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff().modify(trim)
             );
             while let Some(event) = events.next().await {
-                let event = match event {
-                    Ok(event) => event,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "pod cache: watch failed");
-                        continue;
-                    }
-                };
-                writer.apply_watcher_event(&event);
-                // Sending fails only when nobody subscribes, which is fine.
-                let _ = match event {
-                    watcher::Event::Apply(pod) => match reader.get(&ObjectRef::from_obj(&pod)) {
-                        Some(stored) => tx.send(PodEvent::Applied(stored)),
-                        None => tx.send(PodEvent::Applied(Arc::new(pod))),
-                    },
-                    watcher::Event::Delete(pod) => tx.send(PodEvent::Deleted(Arc::new(pod))),
-                    watcher::Event::InitDone => {
-                        done.store(true, Ordering::SeqCst);
-                        tx.send(PodEvent::Resync)
-                    }
-                    // A relist shows in the store only at its end.
-                    watcher::Event::Init | watcher::Event::InitApply(_) => Ok(0),
-                };
+                match event {
+                    Ok(event) => lock(&feed).apply(event),
+                    Err(e) => tracing::warn!(error = %e, "pod cache: watch failed"),
+                }
             }
         })
         .abort_handle();
-        PodCache { store, changes, filled, watch }
+        PodCache { store, fanout, watch }
     }
 
     /// The cached pods, trimmed by [`trim`].
@@ -90,34 +65,87 @@ impl PodCache {
         self.store.clone()
     }
 
-    /// The cache's changes from now on, starting with a [`PodEvent::Resync`] once the store is
-    /// filled (at once if it already is).
-    pub fn subscribe(&self) -> impl Stream<Item = PodEvent> + Send + 'static {
-        let rx = self.changes.subscribe();
-        // Read after subscribing: if the store fills meanwhile, its Resync is received too.
-        follow(rx, self.filled.load(Ordering::SeqCst))
+    /// Every change from now on; if the store is filled, its pods first, as added.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<PodEvent> {
+        lock(&self.fanout).subscribe()
     }
-}
-
-/// The changes `rx` receives, after a Resync if the store is `filled`; falling behind is a Resync.
-fn follow(rx: broadcast::Receiver<PodEvent>, filled: bool) -> impl Stream<Item = PodEvent> + Send + 'static {
-    let first = filled.then_some(PodEvent::Resync);
-    futures::stream::iter(first).chain(futures::stream::unfold(rx, |mut rx| async move {
-        match rx.recv().await {
-            Ok(event) => Some((event, rx)),
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                tracing::warn!(missed, "pod cache: a controller fell behind; it resyncs from the cache");
-                // Changes sent from here on are received; earlier ones are in the store.
-                Some((PodEvent::Resync, rx.resubscribe()))
-            }
-            Err(broadcast::error::RecvError::Closed) => None,
-        }
-    }))
 }
 
 impl Drop for PodCache {
     fn drop(&mut self) {
         self.watch.abort();
+    }
+}
+
+fn lock(fanout: &Mutex<Fanout>) -> std::sync::MutexGuard<'_, Fanout> {
+    fanout.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The store's writer and the subscribers, behind one lock, so that a subscriber joins between
+/// two changes: it sees the store as of one change and is sent every later one.
+struct Fanout {
+    writer: Writer<Pod>,
+    store: Store<Pod>,
+    /// Whether the first list has been applied.
+    filled: bool,
+    subscribers: Vec<mpsc::UnboundedSender<PodEvent>>,
+}
+
+impl Fanout {
+    fn new(writer: Writer<Pod>) -> Fanout {
+        Fanout { store: writer.as_reader(), writer, filled: false, subscribers: Vec::new() }
+    }
+
+    fn subscribe(&mut self) -> mpsc::UnboundedReceiver<PodEvent> {
+        let (tx, rx) = mpsc::unbounded();
+        if self.filled {
+            for new in self.store.state() {
+                let _ = tx.unbounded_send(PodEvent::Applied { old: None, new });
+            }
+        }
+        self.subscribers.push(tx);
+        rx
+    }
+
+    /// Applies one watch event to the store, then sends the changes it made.
+    fn apply(&mut self, event: watcher::Event<Pod>) {
+        let old = match &event {
+            watcher::Event::Apply(pod) => self.store.get(&ObjectRef::from_obj(pod)),
+            _ => None,
+        };
+        let mut before: HashMap<ObjectRef<Pod>, Arc<Pod>> = match &event {
+            watcher::Event::InitDone => {
+                self.store.state().into_iter().map(|p| (ObjectRef::from_obj(p.as_ref()), p)).collect()
+            }
+            _ => HashMap::new(),
+        };
+        self.writer.apply_watcher_event(&event);
+        let changes = match event {
+            watcher::Event::Apply(pod) => {
+                let new = self.store.get(&ObjectRef::from_obj(&pod)).unwrap_or_else(|| Arc::new(pod));
+                vec![PodEvent::Applied { old, new }]
+            }
+            watcher::Event::Delete(pod) => vec![PodEvent::Deleted(Arc::new(pod))],
+            // A relist shows in the store only when it is complete.
+            watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
+            watcher::Event::InitDone => {
+                self.filled = true;
+                let mut changes = Vec::new();
+                for new in self.store.state() {
+                    match before.remove(&ObjectRef::from_obj(new.as_ref())) {
+                        Some(old) if old.metadata.resource_version == new.metadata.resource_version => {}
+                        old => changes.push(PodEvent::Applied { old, new }),
+                    }
+                }
+                // What the relist no longer lists was deleted while the watch was down.
+                changes.extend(before.into_values().map(PodEvent::Deleted));
+                changes
+            }
+        };
+        for change in changes {
+            // A subscriber that is gone is dropped.
+            self.subscribers.retain(|tx| tx.unbounded_send(change.clone()).is_ok());
+        }
     }
 }
 
@@ -193,45 +221,93 @@ pub fn trim(pod: &mut Pod) {
 mod tests {
     use super::*;
 
-    fn named(name: &str) -> Arc<Pod> {
+    fn pod(name: &str, rv: &str) -> Pod {
         let mut pod = Pod::default();
         pod.metadata.name = Some(name.into());
-        Arc::new(pod)
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.resource_version = Some(rv.into());
+        pod
     }
 
-    fn describe(ev: &PodEvent) -> String {
-        match ev {
-            PodEvent::Applied(p) => format!("applied {}", p.metadata.name.as_deref().unwrap_or("")),
-            PodEvent::Deleted(p) => format!("deleted {}", p.metadata.name.as_deref().unwrap_or("")),
-            PodEvent::Resync => "resync".into(),
+    /// What a subscriber has been sent so far, in words.
+    fn sent(rx: &mut mpsc::UnboundedReceiver<PodEvent>) -> Vec<String> {
+        let name = |p: &Pod| {
+            format!(
+                "{}@{}",
+                p.metadata.name.as_deref().unwrap_or(""),
+                p.metadata.resource_version.as_deref().unwrap_or("")
+            )
+        };
+        let mut out = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            out.push(match ev {
+                PodEvent::Applied { old: None, new } => format!("added {}", name(&new)),
+                PodEvent::Applied { old: Some(old), new } => format!("changed {} to {}", name(&old), name(&new)),
+                PodEvent::Deleted(p) => format!("deleted {}", name(&p)),
+            });
         }
+        out.sort();
+        out
     }
 
-    #[tokio::test]
-    async fn a_subscriber_that_falls_behind_is_told_to_resync_then_follows_again() {
-        let (tx, rx) = broadcast::channel(2);
-        let mut events = std::pin::pin!(follow(rx, false));
-        for name in ["a", "b", "c", "d"] {
-            tx.send(PodEvent::Applied(named(name))).unwrap();
+    fn fanout() -> Fanout {
+        Fanout::new(reflector::store::<Pod>().1)
+    }
+
+    fn relist(f: &mut Fanout, pods: &[Pod]) {
+        f.apply(watcher::Event::Init);
+        for p in pods {
+            f.apply(watcher::Event::InitApply(p.clone()));
         }
-        assert_eq!(describe(&events.next().await.unwrap()), "resync");
-        tx.send(PodEvent::Deleted(named("a"))).unwrap();
-        drop(tx);
-        let rest: Vec<String> = events.map(|e| describe(&e)).collect().await;
-        assert_eq!(rest, ["deleted a"]);
+        f.apply(watcher::Event::InitDone);
     }
 
-    #[tokio::test]
-    async fn a_subscriber_starts_with_a_resync_only_once_the_cache_is_filled() {
-        let (tx, rx) = broadcast::channel(4);
-        let filled = follow(rx, true);
-        let filling = follow(tx.subscribe(), false);
-        tx.send(PodEvent::Applied(named("a"))).unwrap();
-        drop(tx);
-        let seen: Vec<String> = filled.map(|e| describe(&e)).collect().await;
-        assert_eq!(seen, ["resync", "applied a"]);
-        let seen: Vec<String> = filling.map(|e| describe(&e)).collect().await;
-        assert_eq!(seen, ["applied a"]);
+    #[test]
+    fn changes_are_sent_with_the_pod_before_and_after_once_the_store_holds_them() {
+        let mut f = fanout();
+        let mut early = f.subscribe();
+        relist(&mut f, &[pod("a", "1")]);
+        assert_eq!(sent(&mut early), ["added a@1"]);
+        f.apply(watcher::Event::Apply(pod("a", "2")));
+        f.apply(watcher::Event::Apply(pod("b", "3")));
+        f.apply(watcher::Event::Delete(pod("a", "4")));
+        assert_eq!(sent(&mut early), ["added b@3", "changed a@1 to a@2", "deleted a@4"]);
+        assert_eq!(f.store.state().len(), 1);
+    }
+
+    #[test]
+    fn a_subscriber_that_joins_late_gets_every_cached_pod_first() {
+        let mut f = fanout();
+        relist(&mut f, &[pod("a", "1"), pod("b", "1")]);
+        let mut late = f.subscribe();
+        assert_eq!(sent(&mut late), ["added a@1", "added b@1"]);
+        f.apply(watcher::Event::Apply(pod("a", "2")));
+        assert_eq!(sent(&mut late), ["changed a@1 to a@2"]);
+    }
+
+    #[test]
+    fn a_relist_is_sent_as_what_changed_appeared_and_vanished_meanwhile() {
+        let mut f = fanout();
+        relist(&mut f, &[pod("kept", "1"), pod("changed", "1"), pod("gone", "1")]);
+        let mut rx = f.subscribe();
+        sent(&mut rx);
+        f.apply(watcher::Event::Init);
+        f.apply(watcher::Event::InitApply(pod("kept", "1")));
+        assert!(sent(&mut rx).is_empty(), "nothing is sent before the relist is complete");
+        f.apply(watcher::Event::InitApply(pod("changed", "5")));
+        f.apply(watcher::Event::InitApply(pod("new", "6")));
+        f.apply(watcher::Event::InitDone);
+        assert_eq!(sent(&mut rx), ["added new@6", "changed changed@1 to changed@5", "deleted gone@1"]);
+    }
+
+    #[test]
+    fn a_subscriber_that_is_gone_is_dropped() {
+        let mut f = fanout();
+        drop(f.subscribe());
+        let mut kept = f.subscribe();
+        f.apply(watcher::Event::Apply(pod("a", "1")));
+        assert_eq!(f.subscribers.len(), 1);
+        assert_eq!(sent(&mut kept), ["added a@1"]);
     }
 
     fn full_pod() -> Pod {

@@ -42,7 +42,7 @@ use crate::workloads::expectations::Expectations;
 use crate::workloads::replicas::{self, BURST_REPLICAS};
 use crate::workloads::replicated::Replicated;
 use crate::workloads::retry::Retry;
-use crate::workloads::tracker::{Reaction, Tracker, reactions};
+use crate::workloads::tracker::{self, Change, Reaction, Seen, reactions};
 use crate::workloads::{api_message, controller_of, is_not_found, key_of, namespace_terminating, pods};
 
 /// Why a sync of a ReplicaSet (or ReplicationController) failed; it is retried with back-off.
@@ -94,7 +94,6 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (rs_reader, rs_writer) = reflector::store::<K>();
     let pod_cache = ctx.pods();
-    let pod_reader = pod_cache.store();
     let expectations = Arc::new(Mutex::new(Expectations::default()));
     let (tx, rx) = futures::channel::mpsc::unbounded::<ObjectRef<K>>();
 
@@ -109,16 +108,13 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         })
         .touched_objects();
 
-    let mut tracker = Tracker::default();
     let observer = Observer { rss: rs_reader.clone(), expectations: expectations.clone(), tx };
-    let pods = pod_reader.clone();
     let pod_stream = pod_cache
         .subscribe()
         .map(move |ev| {
             let changes = match ev {
-                PodEvent::Applied(pod) => tracker.applied(pod.as_ref()),
-                PodEvent::Deleted(pod) => tracker.deleted(pod.as_ref()),
-                PodEvent::Resync => tracker.resync(pods.state().iter().map(|p| p.as_ref())),
+                PodEvent::Applied { old, new } => tracker::between(old.as_deref(), new.as_ref()),
+                PodEvent::Deleted(pod) => vec![Change::Deleted(Seen::of(pod.as_ref()))],
             };
             for change in changes {
                 for r in reactions(&change) {
@@ -134,7 +130,8 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         pod_stream.boxed(),
         rx.map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))).boxed(),
     ]);
-    let rsc = Arc::new(Rsc { ctx, rss: rs_reader.clone(), pods: pod_reader, expectations, retry: Retry::default() });
+    let rsc =
+        Arc::new(Rsc { pods: pod_cache.store(), ctx, rss: rs_reader.clone(), expectations, retry: Retry::default() });
     let results = applier(
         |rs, rsc| CancelableJoinHandle::spawn(reconcile(rs, rsc), &tokio::runtime::Handle::current()),
         error_policy,

@@ -92,11 +92,6 @@ fn matches(selector: &BTreeMap<String, String>, pod: &Pod) -> bool {
     selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
-/// `namespace/name`.
-fn pod_key(pod: &Pod) -> String {
-    format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""))
-}
-
 fn service_ref(namespace: Option<&str>, name: &str) -> ObjectRef<Service> {
     let r = ObjectRef::new(name);
     match namespace {
@@ -132,15 +127,13 @@ async fn run(ctx: Arc<Context>, which: Which) {
         })
         .touched_objects();
 
-    // Pods wake the Services they match now and matched before; a resync wakes every Service.
+    // Pods wake the Services they match now and matched before.
     let services = svc_reader.clone();
-    let pods = pod_cache.store();
-    let mut previous: HashMap<String, HashSet<ObjectRef<Service>>> = HashMap::new();
     let pod_stream = pod_cache
         .subscribe()
         .map(move |ev| {
             let services = services.state();
-            let matching = |pod: &Pod| -> HashSet<ObjectRef<Service>> {
+            let matching = |pod: &Pod| {
                 services
                     .iter()
                     .filter(|s| {
@@ -148,28 +141,15 @@ async fn run(ctx: Arc<Context>, which: Which) {
                             && selector(s).is_some_and(|sel| matches(sel, pod))
                     })
                     .map(|s| ObjectRef::from_obj(s.as_ref()))
-                    .collect()
+                    .collect::<HashSet<_>>()
             };
-            let wake: Vec<ObjectRef<Service>> = match ev {
-                PodEvent::Applied(pod) => {
-                    let now = matching(&pod);
-                    let key = pod_key(&pod);
-                    let before = if now.is_empty() { previous.remove(&key) } else { previous.insert(key, now.clone()) };
-                    now.into_iter().chain(before.into_iter().flatten()).collect()
+            let wake = match ev {
+                PodEvent::Applied { old, new } => {
+                    let mut wake = matching(&new);
+                    wake.extend(old.map(|old| matching(&old)).unwrap_or_default());
+                    wake
                 }
-                PodEvent::Deleted(pod) => {
-                    let before = previous.remove(&pod_key(&pod));
-                    matching(&pod).into_iter().chain(before.into_iter().flatten()).collect()
-                }
-                PodEvent::Resync => {
-                    previous = pods
-                        .state()
-                        .iter()
-                        .map(|p| (pod_key(p), matching(p)))
-                        .filter(|(_, now)| !now.is_empty())
-                        .collect();
-                    services.iter().filter(|s| selector(s).is_some()).map(|s| ObjectRef::from_obj(s.as_ref())).collect()
-                }
+                PodEvent::Deleted(pod) => matching(&pod),
             };
             futures::stream::iter(wake.into_iter().map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))))
         })

@@ -87,34 +87,17 @@ impl Tracker {
     }
 
     /// The changes of an object added or updated.
-    pub fn applied<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
+    fn applied<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
         let seen = Seen::of(obj);
         let id = (seen.namespace.clone(), seen.name.clone());
-        match self.known.insert(id, seen.clone()) {
-            Some(old) if old.uid == seen.uid => vec![Change::Updated { old: Box::new(old), new: Box::new(seen) }],
-            Some(old) => vec![Change::Deleted(old), Change::Added(seen)],
-            None => vec![Change::Added(seen)],
-        }
+        replaced(self.known.insert(id, seen.clone()), seen)
     }
 
     /// The change of an object deleted.
-    pub fn deleted<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
+    fn deleted<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
         let seen = Seen::of(obj);
         self.known.remove(&(seen.namespace.clone(), seen.name.clone()));
         vec![Change::Deleted(seen)]
-    }
-
-    /// The changes that make what it has seen `objs`, every object there is now, as a relist.
-    pub fn resync<'a, K: Resource + 'a>(&mut self, objs: impl IntoIterator<Item = &'a K>) -> Vec<Change> {
-        let listed = objs
-            .into_iter()
-            .map(|o| {
-                let seen = Seen::of(o);
-                ((seen.namespace.clone(), seen.name.clone()), seen)
-            })
-            .collect();
-        self.relisting = Some(listed);
-        self.relisted()
     }
 
     /// The changes of a relist, once it is complete.
@@ -140,6 +123,21 @@ impl Tracker {
         changes.extend(old.into_values().map(Change::Deleted));
         self.known = listed;
         changes
+    }
+}
+
+/// The changes from `old` to `new`, given both, as the pod cache gives them (so pods need no
+/// tracker).
+pub fn between<K: Resource>(old: Option<&K>, new: &K) -> Vec<Change> {
+    replaced(old.map(Seen::of), Seen::of(new))
+}
+
+/// An object seen as `old` seen again as `new`: the same object (UID) updated, or another.
+fn replaced(old: Option<Seen>, new: Seen) -> Vec<Change> {
+    match old {
+        Some(old) if old.uid == new.uid => vec![Change::Updated { old: Box::new(old), new: Box::new(new) }],
+        Some(old) => vec![Change::Deleted(old), Change::Added(new)],
+        None => vec![Change::Added(new)],
     }
 }
 
@@ -270,18 +268,17 @@ mod tests {
     }
 
     #[test]
-    fn a_resync_from_a_store_reports_what_changed_since_the_last_look() {
-        let mut t = Tracker::default();
-        t.applied(&pod("kept", "u1", "1", "web", Some("rs")));
-        t.applied(&pod("changed", "u2", "1", "web", Some("rs")));
-        t.applied(&pod("gone", "u3", "1", "web", Some("rs")));
-        let now = [pod("kept", "u1", "1", "web", Some("rs")), pod("changed", "u2", "7", "db", Some("rs"))];
-        let changes = t.resync(now.iter());
-        assert_eq!(changes.len(), 2, "{changes:?}");
-        assert!(changes.iter().any(|c| matches!(c, Change::Updated { new, .. } if new.name == "changed")));
-        assert!(changes.iter().any(|c| matches!(c, Change::Deleted(s) if s.name == "gone")));
-        let again = t.applied(&pod("gone", "u5", "9", "web", None));
-        assert!(matches!(&again[..], [Change::Added(s)] if s.uid == "u5"), "the tracker forgot the deleted pod");
+    fn a_change_between_two_versions_is_an_add_an_update_or_a_replacement() {
+        let v1 = pod("p", "u1", "1", "web", Some("rs"));
+        assert!(matches!(&between(None, &v1)[..], [Change::Added(s)] if s.uid == "u1"));
+        let v2 = pod("p", "u1", "2", "db", Some("rs"));
+        let up = between(Some(&v1), &v2);
+        assert!(
+            matches!(&up[..], [Change::Updated { old, new }] if old.labels["app"] == "web" && new.labels["app"] == "db")
+        );
+        let other = pod("p", "u2", "3", "web", None);
+        let re = between(Some(&v2), &other);
+        assert!(matches!(&re[..], [Change::Deleted(o), Change::Added(n)] if o.uid == "u1" && n.uid == "u2"));
     }
 
     #[test]
