@@ -33,6 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::Context;
+use crate::pod_cache::PodEvent;
 use crate::workloads::progress::{self, FAILED_RS_CREATE, FOUND_NEW_RS, NEW_RS_CREATED, PROGRESSING};
 use crate::workloads::retry::Retry;
 use crate::workloads::revision::{self, REVISION};
@@ -82,7 +83,7 @@ pub async fn run(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (d_reader, d_writer) = reflector::store::<Deployment>();
     let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let pod_cache = ctx.pods();
     let (tx, rx) = futures::channel::mpsc::unbounded::<ObjectRef<Deployment>>();
 
     let d_stream = watcher(Api::<Deployment>::all(client.clone()), watcher::Config::default())
@@ -107,15 +108,21 @@ pub async fn run(ctx: Arc<Context>) {
     // Pods matter only to Recreate, which waits for the old ones to be gone; every pod of a
     // Deployment carries the hash label.
     let pod_observer = Observer { deployments: d_reader.clone(), rss: rs_reader.clone(), tx };
-    let pod_stream = watcher(Api::<Pod>::all(client), watcher::Config::default().labels(POD_TEMPLATE_HASH_LABEL))
-        .default_backoff()
-        .modify(slim_pod)
-        .reflect(pod_writer)
-        .inspect_ok(move |ev| match ev {
-            watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => pod_observer.pod_changed(pod),
-            _ => {}
+    let pod_stream = pod_cache
+        .subscribe()
+        .map(move |ev| {
+            // Only pods with the label count: one that lost it is gone.
+            let pod = match ev {
+                PodEvent::Applied { new, .. } if has_hash_label(&new) => Some(new),
+                PodEvent::Applied { old: Some(old), .. } if has_hash_label(&old) => Some(old),
+                PodEvent::Applied { .. } => None,
+                PodEvent::Deleted(pod) => Some(pod).filter(|p| has_hash_label(p)),
+            };
+            if let Some(pod) = pod {
+                pod_observer.pod_changed(&pod);
+            }
         })
-        .filter_map(|r| std::future::ready(r.err().map(Err::<ReconcileRequest<Deployment>, _>)));
+        .filter_map(|()| std::future::ready(None::<Result<ReconcileRequest<Deployment>, watcher::Error>>));
 
     let queue = futures::stream::select_all([
         trigger_self(d_stream, ()).boxed(),
@@ -123,7 +130,7 @@ pub async fn run(ctx: Arc<Context>) {
         pod_stream.boxed(),
         rx.map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))).boxed(),
     ]);
-    let dc = Arc::new(Dc { ctx, rss: rs_reader, pods: pod_reader, retry: Retry::default() });
+    let dc = Arc::new(Dc { pods: pod_cache.store(), ctx, rss: rs_reader, retry: Retry::default() });
     let results = applier(
         |d, dc| CancelableJoinHandle::spawn(reconcile(d, dc), &tokio::runtime::Handle::current()),
         error_policy,
@@ -135,14 +142,9 @@ pub async fn run(ctx: Arc<Context>) {
     crate::log_failures(results, "deployment").await
 }
 
-/// What the cached pods keep: metadata and phase are all Recreate looks at.
-fn slim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    pod.metadata.annotations = None;
-    pod.spec = None;
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(k8s_openapi::api::core::v1::PodStatus { phase: status.phase, ..Default::default() });
-    }
+/// Whether the pod is one a Deployment's ReplicaSet made; the controller looks at no others.
+fn has_hash_label(pod: &Pod) -> bool {
+    pod.metadata.labels.as_ref().is_some_and(|l| l.contains_key(POD_TEMPLATE_HASH_LABEL))
 }
 
 /// Turns changes of ReplicaSets and pods into Deployments to sync.
@@ -698,7 +700,7 @@ impl<'a> Sync<'a> {
         let pods = self.dc.pods.state();
         let mut by_rs: HashMap<String, Vec<&Pod>> = HashMap::new();
         let uids: Vec<&str> = rs_list.iter().filter_map(|rs| rs.metadata.uid.as_deref()).collect();
-        for pod in pods.iter().filter(|p| p.metadata.namespace == self.d.metadata.namespace) {
+        for pod in pods.iter().filter(|p| p.metadata.namespace == self.d.metadata.namespace && has_hash_label(p)) {
             if let Some(c) = controller_of(&pod.metadata).filter(|c| uids.contains(&c.uid.as_str())) {
                 by_rs.entry(c.uid.clone()).or_default().push(pod);
             }

@@ -4,9 +4,10 @@
 //!
 //! Each controller is one module with a `run(ctx)` that works until its future is dropped, built
 //! on kube's controller runtime (reflectors, `Controller`, reconcile → `Action`), with its
-//! arithmetic in pure functions beside it. They reach the control plane only through the API, so
-//! `berth controller-manager` runs them against any Kubernetes API server, and `berth server`
-//! runs them in-process. [`enabled`] reads kube-controller-manager's `--controllers` syntax.
+//! arithmetic in pure functions beside it. The controllers that read pods share one cache of them
+//! ([`pod_cache`], reached through [`Context::pods`]), as kube-controller-manager's share one pod
+//! informer. They reach the control plane only through the API, so `berth controller-manager`
+//! runs them against any Kubernetes API server, and `berth server` runs them in-process. [`enabled`] reads kube-controller-manager's `--controllers` syntax.
 
 pub mod deployment;
 pub mod endpoints;
@@ -15,6 +16,7 @@ pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub(crate) mod per_namespace;
+pub mod pod_cache;
 pub mod replicaset;
 pub mod replication;
 pub mod root_ca_publisher;
@@ -22,7 +24,7 @@ pub mod serviceaccount;
 pub(crate) mod workloads;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use berth_events::{Recorder, Source};
@@ -97,12 +99,19 @@ pub struct Context {
     pub client: kube::Client,
     pub config: Config,
     pub recorder: Recorder,
+    /// Started by the first controller that reads pods, so the others do not pay for it.
+    pods: OnceLock<pod_cache::PodCache>,
 }
 
 impl Context {
     pub fn new(client: kube::Client, config: Config) -> Arc<Context> {
         let recorder = Recorder::spawn(client.clone(), Source { component: COMPONENT.into(), host: None }, EVENT_QUEUE);
-        Arc::new(Context { client, config, recorder })
+        Arc::new(Context { client, config, recorder, pods: OnceLock::new() })
+    }
+
+    /// The pod cache the controllers share; its watch starts at the first call.
+    pub fn pods(&self) -> &pod_cache::PodCache {
+        self.pods.get_or_init(|| pod_cache::PodCache::start(self.client.clone()))
     }
 }
 

@@ -3,8 +3,8 @@
 //! to nodes that no longer exist — kube-controller-manager's node lifecycle, taint-eviction and
 //! pod GC (orphaned pods) controllers, through the API only.
 //!
-//! One watch per kind (nodes, pods, Leases in `kube-node-lease`) fills the stores all parts
-//! read; three tasks act:
+//! One watch per kind (nodes, Leases in `kube-node-lease`) and the controllers' shared pod
+//! cache fill the stores all parts read; three tasks act:
 //!
 //! - [`monitor`] every `node_monitor_period`: a node whose Ready heartbeat and Lease have not
 //!   moved for `node_monitor_grace_period` (timed on this controller's clock from when it last
@@ -40,6 +40,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::Context;
+use crate::pod_cache::PodEvent;
 
 /// The namespace of node Leases.
 pub const LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -121,6 +122,11 @@ impl Stores {
     }
 }
 
+/// The node the pod is bound to.
+fn node_of(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty())
+}
+
 /// Runs the node lifecycle controllers until the future is dropped.
 pub async fn run(ctx: Arc<Context>) {
     run_with(ctx, Tuning::default()).await
@@ -130,22 +136,21 @@ pub async fn run(ctx: Arc<Context>) {
 pub async fn run_with(ctx: Arc<Context>, tuning: Tuning) {
     let client = ctx.client.clone();
     let (nodes, node_writer) = reflector::store::<Node>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
     let (leases, lease_writer) = reflector::store::<Lease>();
-    let stores = Stores { nodes, pods, leases };
+    let pod_cache = ctx.pods();
+    let stores = Stores { nodes, pods: pod_cache.store(), leases };
 
     let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
         .touched_objects()
         .map_ok(|n| ObjectRef::from_obj(&n));
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .touched_objects()
-        .try_filter_map(|p| async move {
-            Ok(p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()).map(|n| ObjectRef::new(&n)))
-        });
+    let pod_events = pod_cache.subscribe().filter_map(|ev| {
+        let node = match ev {
+            PodEvent::Applied { new: pod, .. } | PodEvent::Deleted(pod) => node_of(&pod),
+        };
+        std::future::ready(node.map(|n| Ok::<_, watcher::Error>(ObjectRef::new(&n))))
+    });
     let lease_events = watcher(Api::<Lease>::namespaced(client.clone(), LEASE_NAMESPACE), watcher::Config::default())
         .default_backoff()
         .reflect(lease_writer)

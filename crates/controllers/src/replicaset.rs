@@ -8,14 +8,14 @@
 //! (expectations); a failed create sets the `ReplicaFailure` condition, cleared by the next
 //! sync whose creates and deletes succeed.
 //!
-//! The shell around `workloads`' pure cores: reflectors of ReplicaSets and pods feed kube's
-//! controller runtime (reconcile → `Action`, an error policy with per-object back-off). Pod
-//! events are not mapped to their owners with `Controller::owns`: the expectations must see
-//! every pod change after the cache has it and before the next sync, and orphans and released
-//! pods must wake ReplicaSets that do not (or no longer) own them, so a `Tracker` turns the pod
-//! watch into informer-style changes and those into reactions. kube 5's `Controller` builder
-//! takes such extra triggers or a shared reflector only behind its unstable features, so the
-//! controller drives `applier` (what `Controller::run` runs) with its own trigger streams.
+//! The shell around `workloads`' pure cores: a reflector of ReplicaSets and the controllers' shared
+//! pod cache feed kube's controller runtime (reconcile → `Action`, an error policy with per-object
+//! back-off). Pod events are not mapped to their owners with `Controller::owns`: the expectations
+//! must see every pod change after the cache has it and before the next sync, and orphans and
+//! released pods must wake ReplicaSets that do not (or no longer) own them, so a `Tracker` turns
+//! the pod watch into informer-style changes and those into reactions. kube 5's `Controller`
+//! builder takes such extra triggers or a shared reflector only behind its unstable features, so
+//! the controller drives `applier` (what `Controller::run` runs) with its own trigger streams.
 //!
 //! The shell is generic over [`Replicated`], the kind it keeps pods for: [`run`] runs it over
 //! ReplicaSets, and `replication::run` over ReplicationControllers, as kube-controller-manager
@@ -37,11 +37,12 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::Context;
+use crate::pod_cache::PodEvent;
 use crate::workloads::expectations::Expectations;
 use crate::workloads::replicas::{self, BURST_REPLICAS};
 use crate::workloads::replicated::Replicated;
 use crate::workloads::retry::Retry;
-use crate::workloads::tracker::{Reaction, Tracker, reactions};
+use crate::workloads::tracker::{self, Change, Reaction, Seen, reactions};
 use crate::workloads::{api_message, controller_of, is_not_found, key_of, namespace_terminating, pods};
 
 /// Why a sync of a ReplicaSet (or ReplicationController) failed; it is retried with back-off.
@@ -92,7 +93,7 @@ pub async fn run(ctx: Arc<Context>) {
 pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let (rs_reader, rs_writer) = reflector::store::<K>();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let pod_cache = ctx.pods();
     let expectations = Arc::new(Mutex::new(Expectations::default()));
     let (tx, rx) = futures::channel::mpsc::unbounded::<ObjectRef<K>>();
 
@@ -107,28 +108,30 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         })
         .touched_objects();
 
-    let mut tracker = Tracker::default();
     let observer = Observer { rss: rs_reader.clone(), expectations: expectations.clone(), tx };
-    let pod_stream = watcher(Api::<Pod>::all(client), watcher::Config::default())
-        .default_backoff()
-        .modify(pods::slim)
-        .reflect(pod_writer)
-        .inspect_ok(move |ev| {
-            for change in tracker.observe(ev) {
+    let pod_stream = pod_cache
+        .subscribe()
+        .map(move |ev| {
+            let changes = match ev {
+                PodEvent::Applied { old, new } => tracker::between(old.as_deref(), new.as_ref()),
+                PodEvent::Deleted(pod) => vec![Change::Deleted(Seen::of(pod.as_ref()))],
+            };
+            for change in changes {
                 for r in reactions(&change) {
                     observer.react(r);
                 }
             }
         })
-        // Pod events reach the queue through the observer's channel; only errors pass here.
-        .filter_map(|r| std::future::ready(r.err().map(Err::<ReconcileRequest<K>, _>)));
+        // Pod events reach the queue through the observer's channel.
+        .filter_map(|()| std::future::ready(None::<Result<ReconcileRequest<K>, watcher::Error>>));
 
     let queue = futures::stream::select_all([
         trigger_self(rs_stream, ()).boxed(),
         pod_stream.boxed(),
         rx.map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))).boxed(),
     ]);
-    let rsc = Arc::new(Rsc { ctx, rss: rs_reader.clone(), pods: pod_reader, expectations, retry: Retry::default() });
+    let rsc =
+        Arc::new(Rsc { pods: pod_cache.store(), ctx, rss: rs_reader.clone(), expectations, retry: Retry::default() });
     let results = applier(
         |rs, rsc| CancelableJoinHandle::spawn(reconcile(rs, rsc), &tokio::runtime::Handle::current()),
         error_policy,

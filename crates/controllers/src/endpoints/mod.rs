@@ -3,15 +3,16 @@
 //! owned by the Service) and the Endpoints object listing the pods that match it, as
 //! kube-controller-manager's `endpointslice` and `endpoint` controllers keep them.
 //!
-//! Both are the same shell around [`compute`]: reflectors of Services and pods feed kube's
-//! `applier`; a pod change wakes the Services its labels match now and those it matched at its
-//! previous change (so a pod whose labels change leaves the old Service), a change to a slice or
-//! Endpoints object wakes its Service (so a hand edit is undone). Services without a selector are
-//! left alone (their endpoints are someone else's, as the `kubernetes` Service's are the API
-//! server's). Slices of a deleted Service go with it through the garbage collector (owner
-//! reference); its Endpoints object, which has no owner, is deleted by the Endpoints controller,
-//! which also deletes at start the Endpoints of Services deleted while it was not running.
-//! Endpoints hold at most 1000 addresses (`endpoints.kubernetes.io/over-capacity: truncated`).
+//! Both are the same shell around [`compute`]: a reflector of Services and the controllers' shared
+//! pod cache feed kube's `applier`; a pod change wakes the Services its labels match now and those
+//! it matched at its previous change (so a pod whose labels change leaves the old Service), a
+//! change to a slice or Endpoints object wakes its Service (so a hand edit is undone). Services
+//! without a selector are left alone (their endpoints are someone else's, as the `kubernetes`
+//! Service's are the API server's). Slices of a deleted Service go with it through the garbage
+//! collector (owner reference); its Endpoints object, which has no owner, is deleted by the
+//! Endpoints controller, which also deletes at start the Endpoints of Services deleted while it was
+//! not running. Endpoints hold at most 1000 addresses
+//! (`endpoints.kubernetes.io/over-capacity: truncated`).
 
 pub mod compute;
 pub mod mirroring;
@@ -30,6 +31,7 @@ use kube::runtime::utils::CancelableJoinHandle;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::Context;
+use crate::pod_cache::PodEvent;
 use crate::workloads::{is_already_exists, is_not_found};
 
 /// Services synced at once (`--concurrent-service-endpoint-syncs`, `--concurrent-endpoint-syncs`).
@@ -101,7 +103,7 @@ fn service_ref(namespace: Option<&str>, name: &str) -> ObjectRef<Service> {
 async fn run(ctx: Arc<Context>, which: Which) {
     let client = ctx.client.clone();
     let (svc_reader, svc_writer) = reflector::store::<Service>();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let pod_cache = ctx.pods();
 
     let deleter = client.clone();
     let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
@@ -127,26 +129,31 @@ async fn run(ctx: Arc<Context>, which: Which) {
 
     // Pods wake the Services they match now and matched before.
     let services = svc_reader.clone();
-    let previous: Mutex<HashMap<String, HashSet<ObjectRef<Service>>>> = Mutex::new(HashMap::new());
-    let pod_stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .touched_objects()
-        .map_ok(move |pod| {
-            let ns = pod.metadata.namespace.clone();
-            let key = format!("{}/{}", ns.as_deref().unwrap_or(""), pod.metadata.name.as_deref().unwrap_or(""));
-            let now: HashSet<ObjectRef<Service>> = services
-                .state()
-                .iter()
-                .filter(|s| s.metadata.namespace == ns && selector(s).is_some_and(|sel| matches(sel, &pod)))
-                .map(|s| ObjectRef::from_obj(s.as_ref()))
-                .collect();
-            let mut prev = previous.lock().unwrap_or_else(|p| p.into_inner());
-            let before = if now.is_empty() { prev.remove(&key) } else { prev.insert(key, now.clone()) };
-            let all: Vec<ObjectRef<Service>> = now.into_iter().chain(before.into_iter().flatten()).collect();
-            futures::stream::iter(all.into_iter().map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))))
+    let pod_stream = pod_cache
+        .subscribe()
+        .map(move |ev| {
+            let services = services.state();
+            let matching = |pod: &Pod| {
+                services
+                    .iter()
+                    .filter(|s| {
+                        s.metadata.namespace == pod.metadata.namespace
+                            && selector(s).is_some_and(|sel| matches(sel, pod))
+                    })
+                    .map(|s| ObjectRef::from_obj(s.as_ref()))
+                    .collect::<HashSet<_>>()
+            };
+            let wake = match ev {
+                PodEvent::Applied { old, new } => {
+                    let mut wake = matching(&new);
+                    wake.extend(old.map(|old| matching(&old)).unwrap_or_default());
+                    wake
+                }
+                PodEvent::Deleted(pod) => matching(&pod),
+            };
+            futures::stream::iter(wake.into_iter().map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))))
         })
-        .try_flatten();
+        .flatten();
 
     // Our own objects wake their Service.
     let owned = match which {
@@ -179,7 +186,7 @@ async fn run(ctx: Arc<Context>, which: Which) {
         tokio::spawn(delete_leftover_endpoints(client.clone()));
     }
     let queue = futures::stream::select_all([trigger_self(svc_stream, ()).boxed(), pod_stream.boxed(), owned]);
-    let shared = Arc::new(Shared { ctx, pods: pod_reader, which, failures: Mutex::new(HashMap::new()) });
+    let shared = Arc::new(Shared { pods: pod_cache.store(), ctx, which, failures: Mutex::new(HashMap::new()) });
     let results = applier(
         |svc, shared| CancelableJoinHandle::spawn(reconcile(svc, shared), &tokio::runtime::Handle::current()),
         error_policy,

@@ -174,40 +174,6 @@ pub fn pods_to_delete<'a>(pods: &[&'a Pod], related: &[&Pod], diff: usize) -> Ve
     ranked.into_iter().take(diff).map(|(p, _)| p).collect()
 }
 
-/// Drops what the ReplicaSet controller never reads from a cached pod (its containers, volumes,
-/// most of its status, managed fields), keeping what ranking and counting need: metadata, the
-/// node, sidecar restart policies, phase, conditions and container statuses.
-pub fn slim(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    if let Some(spec) = pod.spec.take() {
-        let sidecars: Vec<k8s_openapi::api::core::v1::Container> = spec
-            .init_containers
-            .into_iter()
-            .flatten()
-            .filter(|c| c.restart_policy.is_some())
-            .map(|c| k8s_openapi::api::core::v1::Container {
-                name: c.name,
-                restart_policy: c.restart_policy,
-                ..Default::default()
-            })
-            .collect();
-        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
-            node_name: spec.node_name,
-            init_containers: Some(sidecars).filter(|s| !s.is_empty()),
-            ..Default::default()
-        });
-    }
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase,
-            conditions: status.conditions,
-            container_statuses: status.container_statuses,
-            init_container_statuses: status.init_container_statuses,
-            ..Default::default()
-        });
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod testing {
     use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition, PodSpec, PodStatus};
@@ -381,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn a_slimmed_pod_ranks_and_counts_as_before() {
+    fn a_trimmed_pod_ranks_and_counts_as_before() {
         let mut p = restarts(ready(on(pod("p", 0), "n1"), 10), 2);
         p.spec.as_mut().unwrap().containers = vec![k8s_openapi::api::core::v1::Container {
             name: "app".into(),
@@ -389,7 +355,7 @@ mod tests {
             ..Default::default()
         }];
         let before = p.clone();
-        slim(&mut p);
+        crate::pod_cache::trim(&mut p);
         assert!(p.spec.as_ref().unwrap().containers.is_empty());
         assert_eq!(node(&p), "n1");
         assert_eq!(max_restarts(&p), max_restarts(&before));

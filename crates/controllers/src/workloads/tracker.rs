@@ -69,23 +69,8 @@ impl Tracker {
     /// The changes one watcher event makes, in order.
     pub fn observe<K: Resource>(&mut self, event: &Event<K>) -> Vec<Change> {
         match event {
-            Event::Apply(obj) => {
-                let seen = Seen::of(obj);
-                let id = (seen.namespace.clone(), seen.name.clone());
-                match self.known.insert(id, seen.clone()) {
-                    Some(old) if old.uid == seen.uid => {
-                        vec![Change::Updated { old: Box::new(old), new: Box::new(seen) }]
-                    }
-                    Some(old) => vec![Change::Deleted(old), Change::Added(seen)],
-                    None => vec![Change::Added(seen)],
-                }
-            }
-            Event::Delete(obj) => {
-                let seen = Seen::of(obj);
-                let id = (seen.namespace.clone(), seen.name.clone());
-                self.known.remove(&id);
-                vec![Change::Deleted(seen)]
-            }
+            Event::Apply(obj) => self.applied(obj),
+            Event::Delete(obj) => self.deleted(obj),
             Event::Init => {
                 self.relisting = Some(HashMap::new());
                 Vec::new()
@@ -97,30 +82,62 @@ impl Tracker {
                     .insert((seen.namespace.clone(), seen.name.clone()), seen);
                 Vec::new()
             }
-            Event::InitDone => {
-                let listed = self.relisting.take().unwrap_or_default();
-                let mut changes = Vec::new();
-                let mut old = std::mem::take(&mut self.known);
-                for (id, seen) in &listed {
-                    match old.remove(id) {
-                        Some(before) if before.uid == seen.uid => {
-                            if before != *seen {
-                                changes.push(Change::Updated { old: Box::new(before), new: Box::new(seen.clone()) });
-                            }
-                        }
-                        Some(before) => {
-                            changes.push(Change::Deleted(before));
-                            changes.push(Change::Added(seen.clone()));
-                        }
-                        None => changes.push(Change::Added(seen.clone())),
+            Event::InitDone => self.relisted(),
+        }
+    }
+
+    /// The changes of an object added or updated.
+    fn applied<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
+        let seen = Seen::of(obj);
+        let id = (seen.namespace.clone(), seen.name.clone());
+        replaced(self.known.insert(id, seen.clone()), seen)
+    }
+
+    /// The change of an object deleted.
+    fn deleted<K: Resource>(&mut self, obj: &K) -> Vec<Change> {
+        let seen = Seen::of(obj);
+        self.known.remove(&(seen.namespace.clone(), seen.name.clone()));
+        vec![Change::Deleted(seen)]
+    }
+
+    /// The changes of a relist, once it is complete.
+    fn relisted(&mut self) -> Vec<Change> {
+        let listed = self.relisting.take().unwrap_or_default();
+        let mut changes = Vec::new();
+        let mut old = std::mem::take(&mut self.known);
+        for (id, seen) in &listed {
+            match old.remove(id) {
+                Some(before) if before.uid == seen.uid => {
+                    if before != *seen {
+                        changes.push(Change::Updated { old: Box::new(before), new: Box::new(seen.clone()) });
                     }
                 }
-                // What the relist no longer lists was deleted while the watch was down.
-                changes.extend(old.into_values().map(Change::Deleted));
-                self.known = listed;
-                changes
+                Some(before) => {
+                    changes.push(Change::Deleted(before));
+                    changes.push(Change::Added(seen.clone()));
+                }
+                None => changes.push(Change::Added(seen.clone())),
             }
         }
+        // What the relist no longer lists was deleted while the watch was down.
+        changes.extend(old.into_values().map(Change::Deleted));
+        self.known = listed;
+        changes
+    }
+}
+
+/// The changes from `old` to `new`, given both, as the pod cache gives them (so pods need no
+/// tracker).
+pub fn between<K: Resource>(old: Option<&K>, new: &K) -> Vec<Change> {
+    replaced(old.map(Seen::of), Seen::of(new))
+}
+
+/// An object seen as `old` seen again as `new`: the same object (UID) updated, or another.
+fn replaced(old: Option<Seen>, new: Seen) -> Vec<Change> {
+    match old {
+        Some(old) if old.uid == new.uid => vec![Change::Updated { old: Box::new(old), new: Box::new(new) }],
+        Some(old) => vec![Change::Deleted(old), Change::Added(new)],
+        None => vec![Change::Added(new)],
     }
 }
 
@@ -248,6 +265,20 @@ mod tests {
         t.observe(&Event::Apply(pod("p", "u1", "1", "web", None)));
         let c = t.observe(&Event::Apply(pod("p", "u2", "5", "web", None)));
         assert!(matches!(&c[..], [Change::Deleted(o), Change::Added(n)] if o.uid == "u1" && n.uid == "u2"));
+    }
+
+    #[test]
+    fn a_change_between_two_versions_is_an_add_an_update_or_a_replacement() {
+        let v1 = pod("p", "u1", "1", "web", Some("rs"));
+        assert!(matches!(&between(None, &v1)[..], [Change::Added(s)] if s.uid == "u1"));
+        let v2 = pod("p", "u1", "2", "db", Some("rs"));
+        let up = between(Some(&v1), &v2);
+        assert!(
+            matches!(&up[..], [Change::Updated { old, new }] if old.labels["app"] == "web" && new.labels["app"] == "db")
+        );
+        let other = pod("p", "u2", "3", "web", None);
+        let re = between(Some(&v2), &other);
+        assert!(matches!(&re[..], [Change::Deleted(o), Change::Added(n)] if o.uid == "u1" && n.uid == "u2"));
     }
 
     #[test]
