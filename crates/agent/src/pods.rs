@@ -11,6 +11,7 @@
 mod actions;
 mod backoff;
 mod cgroups;
+mod clock;
 mod cri;
 mod dns;
 mod env;
@@ -159,8 +160,8 @@ impl Supervisor {
 
     fn start(&mut self, uid: String, pod: Arc<core::Pod>, in_api: bool) {
         let (tx, rx) = watch::channel(in_api.then(|| pod.clone()));
-        let worker = Worker::new(self.ctx.clone(), pod, in_api);
-        let task = tokio::spawn(worker.run(rx));
+        let worker = Worker::new(self.ctx.clone(), pod, in_api, rx);
+        let task = tokio::spawn(worker.run());
         self.workers.insert(uid, Handle { pods: tx, task });
     }
 
@@ -247,6 +248,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         cpu_millis: std::thread::available_parallelism().map_or(1000, |n| n.get() as i64 * 1000),
         wakers: Mutex::new(HashMap::new()),
         api_writes: Arc::new(tokio::sync::Semaphore::new(worker::API_WRITES)),
+        clock: clock::Clock::system(),
     });
     tasks.spawn(refresh_host_ips(ctx.clone()));
     tasks.spawn(listen_for_container_events(ctx.clone()));

@@ -176,6 +176,21 @@ fn restart(plan: &mut Plan, i: &Instance, init: bool, backoff: &Backoff, now: Ti
     }
 }
 
+/// The exited instances beyond the newest two of each container (current and previous), to
+/// be removed; `instances` newest first within each name.
+pub fn old_instances(instances: &[Instance]) -> Vec<String> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut doomed = Vec::new();
+    for i in instances {
+        let n = seen.entry(i.name.as_str()).or_default();
+        *n += 1;
+        if *n > 2 && i.state == InstanceState::Exited {
+            doomed.push(i.id.clone());
+        }
+    }
+    doomed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,1 @@
+//! Unit tests of the pod worker on a fake runtime.
