@@ -15,6 +15,8 @@ mod clock;
 mod cri;
 mod dns;
 mod env;
+#[cfg(test)]
+mod fake_cri;
 mod gc;
 mod hosts;
 mod images;

@@ -32,6 +32,7 @@ mod resolve;
 mod running;
 mod sandbox;
 mod sources;
+mod state;
 mod terminate;
 #[cfg(test)]
 mod tests;
@@ -42,7 +43,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_cri::v1 as cri;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::runtime::reflector::Store;
@@ -58,12 +58,13 @@ use super::spec;
 use super::status::{Instance, Waiting};
 use super::status_writer::StatusWriter;
 use super::tokens::{Token, TokenKey};
-use super::volumes::Prepared;
 use super::wake::{Expected, Wake};
 use crate::endpoint::Endpoint;
-use crate::runtimes::{RuntimeManager, SelectError};
+use crate::runtimes::RuntimeManager;
 use berth_events::{self as events, PodEvent, Recorder};
 use probes::ProbeTask;
+pub use state::State;
+use state::{Finished, OnNode, PodRuntime, PodSandbox, Running, Sandbox, Selecting, Shown, Stepped};
 
 /// How often a running pod is looked at without being woken, on a runtime without a connected
 /// container event stream (containerd 1.6 has none).
@@ -154,166 +155,6 @@ pub enum WorkerError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Where the pod is in its life on this node, with what it holds there.
-#[derive(Debug)]
-pub enum State {
-    Resolve(Selecting),
-    NoRuntime(SelectError, Selecting),
-    Running(Running),
-    Finished(Finished),
-    /// Torn down from what the pod held, or (`None`) from what the runtime manager knows.
-    Terminating(Option<OnNode>),
-    Done,
-}
-
-/// How selecting an endpoint for the handler went so far.
-#[derive(Clone, Debug)]
-pub struct Selecting {
-    /// The RuntimeHandlerNotFound message last reported, so that it is reported once.
-    reported: Option<String>,
-    retry: Duration,
-}
-
-impl Default for Selecting {
-    fn default() -> Self {
-        Selecting { reported: None, retry: Duration::from_secs(1) }
-    }
-}
-
-/// The endpoint a pod runs on, resolved once, with the pod's handler on it.
-#[derive(Clone, Debug)]
-pub struct PodRuntime {
-    endpoint: Arc<Endpoint>,
-    handler: String,
-    /// The runtime's name as the status shows it.
-    runtime_name: String,
-}
-
-/// A sandbox of the pod, as last seen.
-#[derive(Clone, Debug)]
-pub struct Sandbox {
-    id: String,
-    config: cri::PodSandboxConfig,
-    ips: Vec<String>,
-    ready: bool,
-}
-
-/// What a pod holds on a runtime.
-#[derive(Clone, Debug)]
-pub struct OnNode {
-    runtime: PodRuntime,
-    sandbox: Option<Sandbox>,
-}
-
-/// What a running pod's worker knows of its sandbox.
-#[derive(Clone, Debug)]
-enum PodSandbox {
-    /// Every runtime's pods were listed and none was this pod's, and no sandbox was asked for
-    /// since: listing the pod's sandboxes and containers would find nothing (a pod new here).
-    NothingOnNode,
-    /// None held: not looked for yet, or not re-created (`restartPolicy: Never`).
-    None,
-    /// Found or created by the step before: the next need not ask about it.
-    JustSeen(Sandbox),
-    /// Held; asked about before each use.
-    Held(Sandbox),
-}
-
-impl PodSandbox {
-    fn held(&self) -> Option<&Sandbox> {
-        match self {
-            PodSandbox::JustSeen(s) | PodSandbox::Held(s) => Some(s),
-            PodSandbox::NothingOnNode | PodSandbox::None => None,
-        }
-    }
-}
-
-/// A pod whose containers run, or are to.
-#[derive(Debug)]
-pub struct Running {
-    runtime: PodRuntime,
-    sandbox: PodSandbox,
-    /// A container could not be created because the sandbox is going away.
-    sandbox_going: bool,
-    /// Images of the containers the pod starts first, looked up while its sandbox was created:
-    /// image → its ID, `None` when not present. For the starts of the same step only.
-    images_looked_up: HashMap<String, Option<String>>,
-    /// The volumes set up, and when.
-    volumes: Option<(HashMap<String, Prepared>, tokio::time::Instant)>,
-}
-
-impl Running {
-    fn new(runtime: PodRuntime, nothing_on_node: bool) -> Running {
-        Running {
-            runtime,
-            sandbox: if nothing_on_node { PodSandbox::NothingOnNode } else { PodSandbox::None },
-            sandbox_going: false,
-            images_looked_up: HashMap::new(),
-            volumes: None,
-        }
-    }
-
-    fn on_node(&self) -> OnNode {
-        OnNode { runtime: self.runtime.clone(), sandbox: self.sandbox.held().cloned() }
-    }
-}
-
-/// A pod whose phase is Succeeded or Failed.
-#[derive(Debug)]
-pub enum Finished {
-    /// Its containers and sandbox are to be stopped.
-    Stopping(OnNode),
-    /// Stopped (or never on this node); its containers stay, for their logs, until it is deleted.
-    Stopped(Option<OnNode>),
-}
-
-impl State {
-    /// What the pod holds on a runtime, for the states that know.
-    fn on_node(&self) -> Option<OnNode> {
-        match self {
-            State::Running(r) => Some(r.on_node()),
-            State::Finished(Finished::Stopping(n)) => Some(n.clone()),
-            State::Finished(Finished::Stopped(n)) | State::Terminating(n) => n.clone(),
-            State::Resolve(_) | State::NoRuntime(..) | State::Done => None,
-        }
-    }
-}
-
-/// What the pod status shows of where the pod runs.
-#[derive(Clone, Copy, Debug, Default)]
-struct Shown<'a> {
-    runtime: Option<&'a PodRuntime>,
-    sandbox: Option<&'a Sandbox>,
-    /// No runtime serves the pod's handler.
-    blocked: Option<&'a SelectError>,
-}
-
-impl<'a> Shown<'a> {
-    fn on(runtime: &'a PodRuntime, sandbox: Option<&'a Sandbox>) -> Shown<'a> {
-        Shown { runtime: Some(runtime), sandbox, blocked: None }
-    }
-
-    fn on_node(node: Option<&'a OnNode>) -> Shown<'a> {
-        node.map_or_else(Shown::default, |n| Shown::on(&n.runtime, n.sandbox.as_ref()))
-    }
-}
-
-/// A step's outcome: when to step again, and the state to go to when it changes.
-struct Stepped {
-    next: Next,
-    to: Option<State>,
-}
-
-impl Stepped {
-    fn stay(next: Next) -> Stepped {
-        Stepped { next, to: None }
-    }
-
-    fn to(state: State, next: Next) -> Stepped {
-        Stepped { next, to: Some(state) }
-    }
 }
 
 /// One pod's worker.

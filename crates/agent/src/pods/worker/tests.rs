@@ -1,1 +1,0 @@
-//! Unit tests of the pod worker on a fake runtime.
