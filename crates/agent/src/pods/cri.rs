@@ -181,7 +181,7 @@ pub async fn remove_image(ep: &Endpoint, image: &str, handler: &str) -> Result<(
 
 pub async fn image_fs_info(ep: &Endpoint) -> Result<cri::ImageFsInfoResponse> {
     let resp = ep.cri.image_fs_info(cri::ImageFsInfoRequest {}).await;
-    Ok(resp.map_err(err("ImageFsInfo", ep))?)
+    resp.map_err(err("ImageFsInfo", ep))
 }
 
 pub fn image_spec(image: &str, handler: &str) -> cri::ImageSpec {
