@@ -154,8 +154,7 @@ async fn exec(target: &Target, cmd: &[String], timeout: Duration) -> Outcome {
         Ok(Err(status)) => {
             Outcome::Failure(format!("rpc error: code = {:?} desc = {}", status.code(), status.message()))
         }
-        Ok(Ok(resp)) => {
-            let r = resp;
+        Ok(Ok(r)) => {
             if r.exit_code == 0 {
                 Outcome::Success
             } else {

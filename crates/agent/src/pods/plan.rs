@@ -235,6 +235,20 @@ mod tests {
     use InstanceState::*;
 
     #[test]
+    fn exited_instances_beyond_the_current_and_previous_of_each_container_are_old() {
+        let mut instances = vec![
+            inst("app", 3, InstanceState::Running, 0, "s"),
+            inst("app", 2, InstanceState::Exited, 1, "s"),
+            inst("app", 1, InstanceState::Exited, 1, "s"),
+            inst("app", 0, InstanceState::Exited, 1, "s"),
+            inst("side", 1, InstanceState::Exited, 1, "s"),
+            inst("side", 0, InstanceState::Exited, 1, "s"),
+        ];
+        crate::pods::status::sort_instances(&mut instances);
+        assert_eq!(old_instances(&instances), ["app-1-s", "app-0-s"]);
+    }
+
+    #[test]
     fn init_containers_run_one_at_a_time_before_the_containers() {
         let s = spec(&["app", "side"], &["one", "two"], "Always");
         let none = ProbeView::default();
