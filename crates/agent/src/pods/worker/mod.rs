@@ -261,13 +261,13 @@ impl Worker {
                     next
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %self.shell.pod_ref(), state = ?self.state, error = %berth_common::error::error_chain(&e), retry_in = ?retry, "pod step failed");
+                    tracing::warn!(pod = %self.shell.pod_ref(), state = self.state.name(), error = %berth_common::error::error_chain(&e), retry_in = ?retry, "pod step failed");
                     let next = Next::After(retry);
                     retry = (retry * 2).min(Duration::from_secs(30));
                     next
                 }
             };
-            tracing::trace!(pod = %self.shell.pod_ref(), state = ?self.state, ?next, "pod step done");
+            tracing::trace!(pod = %self.shell.pod_ref(), state = self.state.name(), ?next, "pod step done");
             let wait = match next {
                 Next::Now => continue,
                 Next::Exit => break,

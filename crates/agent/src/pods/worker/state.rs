@@ -126,6 +126,19 @@ pub enum Finished {
 }
 
 impl State {
+    /// The state's name, for logs (its data is too large to show on each step).
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            State::Resolve(_) => "Resolve",
+            State::NoRuntime(..) => "NoRuntime",
+            State::Running(_) => "Running",
+            State::Finished(Finished::Stopping(_)) => "Finished (stopping)",
+            State::Finished(Finished::Stopped(_)) => "Finished",
+            State::Terminating(_) => "Terminating",
+            State::Done => "Done",
+        }
+    }
+
     /// What the pod holds on a runtime, for the states that know.
     pub(super) fn on_node(&self) -> Option<OnNode> {
         match self {
