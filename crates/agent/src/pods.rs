@@ -11,9 +11,12 @@
 mod actions;
 mod backoff;
 mod cgroups;
+mod clock;
 mod cri;
 mod dns;
 mod env;
+#[cfg(test)]
+mod fake_cri;
 mod gc;
 mod hosts;
 mod images;
@@ -159,8 +162,8 @@ impl Supervisor {
 
     fn start(&mut self, uid: String, pod: Arc<core::Pod>, in_api: bool) {
         let (tx, rx) = watch::channel(in_api.then(|| pod.clone()));
-        let worker = Worker::new(self.ctx.clone(), pod, in_api);
-        let task = tokio::spawn(worker.run(rx));
+        let worker = Worker::new(self.ctx.clone(), pod, in_api, rx);
+        let task = tokio::spawn(worker.run());
         self.workers.insert(uid, Handle { pods: tx, task });
     }
 
@@ -247,6 +250,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         cpu_millis: std::thread::available_parallelism().map_or(1000, |n| n.get() as i64 * 1000),
         wakers: Mutex::new(HashMap::new()),
         api_writes: Arc::new(tokio::sync::Semaphore::new(worker::API_WRITES)),
+        clock: clock::Clock::system(),
     });
     tasks.spawn(refresh_host_ips(ctx.clone()));
     tasks.spawn(listen_for_container_events(ctx.clone()));

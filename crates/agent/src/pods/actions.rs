@@ -142,21 +142,19 @@ async fn http_action(h: &core::HTTPGetAction, target: &Target, rules: HttpRules,
 }
 
 async fn exec(target: &Target, cmd: &[String], timeout: Duration) -> Outcome {
-    let mut client = target.endpoint.runtime.clone();
     let req = cri::ExecSyncRequest {
         container_id: target.container_id.clone(),
         cmd: cmd.to_vec(),
         timeout: i64::try_from(timeout.as_secs().max(1)).unwrap_or(i64::MAX),
     };
     // The runtime enforces the timeout; this bound only guards against a runtime that hangs.
-    let call = tokio::time::timeout(timeout + Duration::from_secs(5), client.exec_sync(req));
+    let call = tokio::time::timeout(timeout + Duration::from_secs(5), target.endpoint.cri.exec_sync(req));
     match call.await {
         Err(_) => Outcome::Failure(format!("command {:?} timed out", cmd.join(" "))),
         Ok(Err(status)) => {
             Outcome::Failure(format!("rpc error: code = {:?} desc = {}", status.code(), status.message()))
         }
-        Ok(Ok(resp)) => {
-            let r = resp.into_inner();
+        Ok(Ok(r)) => {
             if r.exit_code == 0 {
                 Outcome::Success
             } else {
@@ -406,6 +404,20 @@ pub async fn tcp(host: &str, port: u16, timeout: Duration) -> Outcome {
         Ok(Ok(_)) => Outcome::Success,
         Ok(Err(e)) => Outcome::Failure(format!("dial tcp {addr}: {}", connect_error(&e))),
         Err(_) => Outcome::Failure(format!("dial tcp {addr}: i/o timeout")),
+    }
+}
+
+/// kubelet's message for a failed lifecycle hook.
+pub fn hook_failure(action: &Action, container: &str, pod: &str, message: &str) -> String {
+    match action {
+        Action::Exec(cmd) => format!(
+            "Exec lifecycle hook ({cmd:?}) for Container {container:?} in Pod {pod:?} failed - error: {message}"
+        ),
+        Action::HttpGet(h) | Action::HttpHook(h) => format!(
+            "HTTP lifecycle hook ({}) for Container {container:?} in Pod {pod:?} failed - error: {message}",
+            h.path.clone().unwrap_or_default()
+        ),
+        _ => format!("Lifecycle hook for Container {container:?} in Pod {pod:?} failed - error: {message}"),
     }
 }
 

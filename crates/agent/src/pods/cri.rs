@@ -1,5 +1,6 @@
-//! The CRI calls the pod workers make on one endpoint, with errors that name the call and the
-//! endpoint, and "not found" turned into `None` where CRI allows it.
+//! The CRI calls the pod workers make on one endpoint (through its [`Cri`](crate::endpoint::Cri)),
+//! with errors that name the call and the endpoint, and "not found" turned into `None` where CRI
+//! allows it.
 
 use std::collections::HashMap;
 
@@ -57,8 +58,8 @@ pub async fn node_sandboxes(ep: &Endpoint, node: &str) -> Result<Vec<cri::PodSan
         label_selector: HashMap::from([(labels::NODE.to_string(), node.to_string())]),
         ..Default::default()
     };
-    let resp = ep.runtime.clone().list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(filter) }).await;
-    Ok(resp.map_err(err("ListPodSandbox", ep))?.into_inner().items)
+    let resp = ep.cri.list_pod_sandbox(cri::ListPodSandboxRequest { filter: Some(filter) }).await;
+    Ok(resp.map_err(err("ListPodSandbox", ep))?.items)
 }
 
 /// The containers this node's agent made.
@@ -67,49 +68,49 @@ pub async fn node_containers(ep: &Endpoint, node: &str) -> Result<Vec<cri::Conta
         label_selector: HashMap::from([(labels::NODE.to_string(), node.to_string())]),
         ..Default::default()
     };
-    let resp = ep.runtime.clone().list_containers(cri::ListContainersRequest { filter: Some(filter) }).await;
-    Ok(resp.map_err(err("ListContainers", ep))?.into_inner().containers)
+    let resp = ep.cri.list_containers(cri::ListContainersRequest { filter: Some(filter) }).await;
+    Ok(resp.map_err(err("ListContainers", ep))?.containers)
 }
 
 pub async fn list_sandboxes(ep: &Endpoint, uid: Option<&str>) -> Result<Vec<cri::PodSandbox>> {
     let filter = uid.map(|u| cri::PodSandboxFilter { label_selector: uid_selector(u), ..Default::default() });
-    let resp = ep.runtime.clone().list_pod_sandbox(cri::ListPodSandboxRequest { filter }).await;
-    Ok(resp.map_err(err("ListPodSandbox", ep))?.into_inner().items)
+    let resp = ep.cri.list_pod_sandbox(cri::ListPodSandboxRequest { filter }).await;
+    Ok(resp.map_err(err("ListPodSandbox", ep))?.items)
 }
 
 pub async fn sandbox_status(ep: &Endpoint, id: &str) -> Result<Option<cri::PodSandboxStatus>> {
     let req = cri::PodSandboxStatusRequest { pod_sandbox_id: id.to_string(), verbose: false };
-    let resp = ep.runtime.clone().pod_sandbox_status(req).await.map_err(err("PodSandboxStatus", ep));
-    Ok(not_found_is_none(resp)?.and_then(|r| r.into_inner().status))
+    let resp = ep.cri.pod_sandbox_status(req).await.map_err(err("PodSandboxStatus", ep));
+    Ok(not_found_is_none(resp)?.and_then(|r| r.status))
 }
 
 pub async fn run_sandbox(ep: &Endpoint, config: cri::PodSandboxConfig, handler: &str) -> Result<String> {
     let req = cri::RunPodSandboxRequest { config: Some(config), runtime_handler: handler.to_string() };
-    Ok(ep.runtime.clone().run_pod_sandbox(req).await.map_err(err("RunPodSandbox", ep))?.into_inner().pod_sandbox_id)
+    Ok(ep.cri.run_pod_sandbox(req).await.map_err(err("RunPodSandbox", ep))?.pod_sandbox_id)
 }
 
 pub async fn stop_sandbox(ep: &Endpoint, id: &str) -> Result<()> {
     let req = cri::StopPodSandboxRequest { pod_sandbox_id: id.to_string() };
-    not_found_is_none(ep.runtime.clone().stop_pod_sandbox(req).await.map_err(err("StopPodSandbox", ep)))?;
+    not_found_is_none(ep.cri.stop_pod_sandbox(req).await.map_err(err("StopPodSandbox", ep)))?;
     Ok(())
 }
 
 pub async fn remove_sandbox(ep: &Endpoint, id: &str) -> Result<()> {
     let req = cri::RemovePodSandboxRequest { pod_sandbox_id: id.to_string() };
-    not_found_is_none(ep.runtime.clone().remove_pod_sandbox(req).await.map_err(err("RemovePodSandbox", ep)))?;
+    not_found_is_none(ep.cri.remove_pod_sandbox(req).await.map_err(err("RemovePodSandbox", ep)))?;
     Ok(())
 }
 
 pub async fn list_containers(ep: &Endpoint, uid: Option<&str>) -> Result<Vec<cri::Container>> {
     let filter = uid.map(|u| cri::ContainerFilter { label_selector: uid_selector(u), ..Default::default() });
-    let resp = ep.runtime.clone().list_containers(cri::ListContainersRequest { filter }).await;
-    Ok(resp.map_err(err("ListContainers", ep))?.into_inner().containers)
+    let resp = ep.cri.list_containers(cri::ListContainersRequest { filter }).await;
+    Ok(resp.map_err(err("ListContainers", ep))?.containers)
 }
 
 pub async fn container_status(ep: &Endpoint, id: &str) -> Result<Option<cri::ContainerStatus>> {
     let req = cri::ContainerStatusRequest { container_id: id.to_string(), verbose: false };
-    let resp = ep.runtime.clone().container_status(req).await.map_err(err("ContainerStatus", ep));
-    Ok(not_found_is_none(resp)?.and_then(|r| r.into_inner().status))
+    let resp = ep.cri.container_status(req).await.map_err(err("ContainerStatus", ep));
+    Ok(not_found_is_none(resp)?.and_then(|r| r.status))
 }
 
 pub async fn create_container(
@@ -123,32 +124,32 @@ pub async fn create_container(
         config: Some(config),
         sandbox_config: Some(sandbox_config.clone()),
     };
-    Ok(ep.runtime.clone().create_container(req).await.map_err(err("CreateContainer", ep))?.into_inner().container_id)
+    Ok(ep.cri.create_container(req).await.map_err(err("CreateContainer", ep))?.container_id)
 }
 
 pub async fn start_container(ep: &Endpoint, id: &str) -> Result<()> {
     let req = cri::StartContainerRequest { container_id: id.to_string() };
-    ep.runtime.clone().start_container(req).await.map_err(err("StartContainer", ep))?;
+    ep.cri.start_container(req).await.map_err(err("StartContainer", ep))?;
     Ok(())
 }
 
 /// Stops a container, killing it after `grace_seconds`.
 pub async fn stop_container(ep: &Endpoint, id: &str, grace_seconds: i64) -> Result<()> {
     let req = cri::StopContainerRequest { container_id: id.to_string(), timeout: grace_seconds };
-    not_found_is_none(ep.runtime.clone().stop_container(req).await.map_err(err("StopContainer", ep)))?;
+    not_found_is_none(ep.cri.stop_container(req).await.map_err(err("StopContainer", ep)))?;
     Ok(())
 }
 
 pub async fn remove_container(ep: &Endpoint, id: &str) -> Result<()> {
     let req = cri::RemoveContainerRequest { container_id: id.to_string() };
-    not_found_is_none(ep.runtime.clone().remove_container(req).await.map_err(err("RemoveContainer", ep)))?;
+    not_found_is_none(ep.cri.remove_container(req).await.map_err(err("RemoveContainer", ep)))?;
     Ok(())
 }
 
 pub async fn image_status(ep: &Endpoint, image: &str, handler: &str) -> Result<Option<cri::Image>> {
     let req = cri::ImageStatusRequest { image: Some(image_spec(image, handler)), verbose: false };
-    let resp = ep.images.clone().image_status(req).await.map_err(err("ImageStatus", ep));
-    Ok(not_found_is_none(resp)?.and_then(|r| r.into_inner().image))
+    let resp = ep.cri.image_status(req).await.map_err(err("ImageStatus", ep));
+    Ok(not_found_is_none(resp)?.and_then(|r| r.image))
 }
 
 /// Pulls `image` for `handler`; returns the image reference to create containers from.
@@ -164,23 +165,23 @@ pub async fn pull_image(
         auth,
         sandbox_config: Some(sandbox_config.clone()),
     };
-    Ok(ep.images.clone().pull_image(req).await.map_err(err("PullImage", ep))?.into_inner().image_ref)
+    Ok(ep.cri.pull_image(req).await.map_err(err("PullImage", ep))?.image_ref)
 }
 
 pub async fn list_images(ep: &Endpoint) -> Result<Vec<cri::Image>> {
-    let resp = ep.images.clone().list_images(cri::ListImagesRequest { filter: None }).await;
-    Ok(resp.map_err(err("ListImages", ep))?.into_inner().images)
+    let resp = ep.cri.list_images(cri::ListImagesRequest { filter: None }).await;
+    Ok(resp.map_err(err("ListImages", ep))?.images)
 }
 
 pub async fn remove_image(ep: &Endpoint, image: &str, handler: &str) -> Result<()> {
     let req = cri::RemoveImageRequest { image: Some(image_spec(image, handler)) };
-    not_found_is_none(ep.images.clone().remove_image(req).await.map_err(err("RemoveImage", ep)))?;
+    not_found_is_none(ep.cri.remove_image(req).await.map_err(err("RemoveImage", ep)))?;
     Ok(())
 }
 
 pub async fn image_fs_info(ep: &Endpoint) -> Result<cri::ImageFsInfoResponse> {
-    let resp = ep.images.clone().image_fs_info(cri::ImageFsInfoRequest {}).await;
-    Ok(resp.map_err(err("ImageFsInfo", ep))?.into_inner())
+    let resp = ep.cri.image_fs_info(cri::ImageFsInfoRequest {}).await;
+    resp.map_err(err("ImageFsInfo", ep))
 }
 
 pub fn image_spec(image: &str, handler: &str) -> cri::ImageSpec {

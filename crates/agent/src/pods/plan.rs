@@ -176,6 +176,21 @@ fn restart(plan: &mut Plan, i: &Instance, init: bool, backoff: &Backoff, now: Ti
     }
 }
 
+/// The exited instances beyond the newest two of each container (current and previous), to
+/// be removed; `instances` newest first within each name.
+pub fn old_instances(instances: &[Instance]) -> Vec<String> {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut doomed = Vec::new();
+    for i in instances {
+        let n = seen.entry(i.name.as_str()).or_default();
+        *n += 1;
+        if *n > 2 && i.state == InstanceState::Exited {
+            doomed.push(i.id.clone());
+        }
+    }
+    doomed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +233,20 @@ mod tests {
     }
 
     use InstanceState::*;
+
+    #[test]
+    fn exited_instances_beyond_the_current_and_previous_of_each_container_are_old() {
+        let mut instances = vec![
+            inst("app", 3, InstanceState::Running, 0, "s"),
+            inst("app", 2, InstanceState::Exited, 1, "s"),
+            inst("app", 1, InstanceState::Exited, 1, "s"),
+            inst("app", 0, InstanceState::Exited, 1, "s"),
+            inst("side", 1, InstanceState::Exited, 1, "s"),
+            inst("side", 0, InstanceState::Exited, 1, "s"),
+        ];
+        crate::pods::status::sort_instances(&mut instances);
+        assert_eq!(old_instances(&instances), ["app-1-s", "app-0-s"]);
+    }
 
     #[test]
     fn init_containers_run_one_at_a_time_before_the_containers() {

@@ -483,6 +483,13 @@ pub fn pod_status(pod: &core::Pod, o: &Observed, old: Option<&core::PodStatus>, 
     }
 }
 
+/// Newest first within each container name.
+pub fn sort_instances(instances: &mut [Instance]) {
+    instances.sort_by(|a, b| {
+        a.name.cmp(&b.name).then(b.restart_count.cmp(&a.restart_count)).then(b.created_at.cmp(&a.created_at))
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
