@@ -54,7 +54,8 @@ pub fn berth_binary() -> &'static Path {
         let target_dir = profile.parent().expect("a profile dir lives in a target dir");
         let mut cargo = Command::new(env!("CARGO"));
         cargo
-            .args(["build", "-q", "-p", "berth", "--bin", "berth", "-p", "berth-monitor", "--target-dir"])
+            .args(["build", "-q", "-p", "berth", "-p", "berth-monitor"])
+            .args(["--bin", "berth", "--bin", "berth-monitor", "--target-dir"])
             .arg(target_dir);
         if profile.file_name().is_some_and(|n| n == "release") {
             cargo.arg("--release");
