@@ -16,7 +16,7 @@ use serde_json::json;
 use super::calls::ApiCalls;
 use super::hollow::{self, Fleet};
 use super::observe::{self, Listing, PodWatch};
-use super::report::{Outcome, RunResult};
+use super::result::{LogSummary, Outcome, RunResult};
 use super::{ClusterArgs, Plan, Store, replicas, usage};
 use crate::agent::cluster;
 use crate::etcd_server::EtcdServer;
@@ -85,7 +85,16 @@ pub async fn one(args: &ClusterArgs, binary: &Path, root: &Path, plan: Plan, dea
         },
         Store::Sqlite => None,
     };
-    let mut extra = vec!["--leader-elect=false".to_owned()];
+    let mut extra: Vec<String> = [
+        "--leader-elect=false",
+        // Room for a /24 per node at 5,000 nodes and more (the default /16 has 256), in the
+        // range the hollow nodes' pod addresses come from.
+        "--cluster-cidr=10.128.0.0/9",
+        // Not what is measured; and port 10053 may be taken by another server on the machine.
+        "--cluster-dns-port=0",
+    ]
+    .map(str::to_owned)
+    .to_vec();
     if let Some(etcd) = &etcd {
         extra.push(format!("--etcd-servers={}", etcd.endpoint));
     }
@@ -107,7 +116,7 @@ pub async fn one(args: &ClusterArgs, binary: &Path, root: &Path, plan: Plan, dea
     }
     sampler.abort();
     result.samples = std::mem::take(&mut *samples.lock().unwrap());
-    result.server_log = super::report::LogSummary::read(&server.log);
+    result.server_log = LogSummary::read(&server.log);
     drop(server);
     drop(etcd);
     result
@@ -134,19 +143,32 @@ async fn measure(
     let fleet = Fleet::new(cluster::client(&kubeconfig).await?, calls.clone(), plan.nodes, args.status_workers);
     let observer = cluster::client(&kubeconfig).await?;
     let registering = Instant::now();
-    let leases: Vec<_> = futures::stream::iter(0..plan.nodes)
+    // Each node goes live (heartbeats, its watch) as soon as it is registered: the watches'
+    // connections open at the pace of the registrations, not all at once.
+    let register = futures::stream::iter(0..plan.nodes)
         .map(|i| {
             let fleet = fleet.clone();
-            async move { hollow::register(&fleet, i).await.with_context(|| format!("registering node {i}")) }
+            async move {
+                let lease = hollow::register(&fleet, i).await.with_context(|| format!("registering node {i}"))?;
+                anyhow::Ok(tokio::spawn(hollow::live(fleet, i, lease)))
+            }
         })
         .buffered(args.register_concurrency)
-        .collect::<Vec<_>>()
+        .collect::<Vec<_>>();
+    let registered = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), register)
         .await
-        .into_iter()
-        .collect::<anyhow::Result<_>>()?;
-    let nodes: Vec<_> =
-        leases.into_iter().enumerate().map(|(i, lease)| tokio::spawn(hollow::live(fleet.clone(), i, lease))).collect();
-    let _abort_nodes = AbortOnDrop(nodes);
+        .context("--timeout reached while registering the hollow nodes")?;
+    let mut nodes = AbortOnDrop(Vec::with_capacity(plan.nodes));
+    let mut failed = None;
+    for r in registered {
+        match r {
+            Ok(task) => nodes.0.push(task),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let patience = (Instant::now() + REGISTER_PATIENCE).min(deadline);
     while fleet.watching.load(std::sync::atomic::Ordering::SeqCst) < plan.nodes {
         ensure!(cluster::alive(server.pid), "berth server exited:\n{}", server.log_tail());
