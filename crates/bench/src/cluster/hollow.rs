@@ -50,6 +50,9 @@ pub struct Fleet {
     pub calls: Arc<ApiCalls>,
     /// Permits of the pod status patches in flight.
     pub patch_slots: Arc<Semaphore>,
+    /// Permits of the Lease renewals and node status reports in flight: they bound the
+    /// connections the bench opens besides the watches when the server slows down.
+    pub heartbeat_slots: Semaphore,
     /// Nodes whose watch has delivered its initial list.
     pub watching: AtomicUsize,
     /// Errors the per-node watches returned (each followed by a retry after back-off).
@@ -62,11 +65,12 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    pub fn new(client: kube::Client, calls: Arc<ApiCalls>, nodes: usize, status_workers: usize) -> Arc<Self> {
+    pub fn new(client: kube::Client, calls: Arc<ApiCalls>, nodes: usize, workers: Workers) -> Arc<Self> {
         Arc::new(Self {
             client,
             calls,
-            patch_slots: Arc::new(Semaphore::new(status_workers)),
+            patch_slots: Arc::new(Semaphore::new(workers.status)),
+            heartbeat_slots: Semaphore::new(workers.heartbeat),
             watching: AtomicUsize::new(0),
             watch_errors: AtomicU64::new(0),
             patches_given_up: AtomicU64::new(0),
@@ -74,6 +78,13 @@ impl Fleet {
             nodes,
         })
     }
+}
+
+/// How many calls of each kind the hollow nodes have in flight at most.
+#[derive(Clone, Copy, Debug)]
+pub struct Workers {
+    pub status: usize,
+    pub heartbeat: usize,
 }
 
 /// Where node `i` of `nodes` renews within each period: evenly spread.
@@ -148,6 +159,7 @@ async fn heartbeats(fleet: &Fleet, i: usize, mut lease: Lease) {
     loop {
         tick.tick().await;
         ticks += 1;
+        let Ok(_permit) = fleet.heartbeat_slots.acquire().await else { return };
         if stale {
             let t0 = Instant::now();
             let got = leases.get(&name).await;

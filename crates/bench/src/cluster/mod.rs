@@ -39,6 +39,8 @@ mod run;
 mod usage;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
@@ -93,6 +95,9 @@ pub struct ClusterArgs {
     /// Pod status patches in flight, over all hollow nodes.
     #[arg(long, default_value_t = 64)]
     status_workers: usize,
+    /// Lease renewals and node status reports in flight, over all hollow nodes.
+    #[arg(long, default_value_t = 512)]
+    heartbeat_workers: usize,
     /// Nodes registered at a time.
     #[arg(long, default_value_t = 32)]
     register_concurrency: usize,
@@ -153,7 +158,10 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         args.nodes > 0 && args.pods > 0 && args.status_workers > 0,
         "--nodes, --pods and --status-workers must be positive"
     );
-    ensure!(args.register_concurrency > 0, "--register-concurrency must be positive");
+    ensure!(
+        args.register_concurrency > 0 && args.heartbeat_workers > 0,
+        "--register-concurrency and --heartbeat-workers must be positive"
+    );
     let stores: Vec<Store> = if args.both_stores { vec![Store::Sqlite, Store::Etcd] } else { vec![args.store] };
     let plans = plans(&stores, args.nodes, args.pods, !args.no_baseline);
     for p in &plans {
@@ -182,14 +190,15 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let deadline = started + Duration::from_secs(args.timeout);
     let dir = tempfile::Builder::new().prefix("berth-bench-cluster.").tempdir()?;
     eprintln!("run directory {}", dir.path().display());
+    let stop = stop_on_signal()?;
     let mut results = Vec::new();
     for plan in &plans {
-        if Instant::now() + Duration::from_secs(30) > deadline {
-            eprintln!("{} nodes on {}: not run, --timeout reached", plan.nodes, plan.store.name());
+        if Instant::now() + Duration::from_secs(30) > deadline || stop.load(Ordering::SeqCst) {
+            eprintln!("{} nodes on {}: not run, --timeout reached or interrupted", plan.nodes, plan.store.name());
             continue;
         }
         eprintln!("{} hollow nodes, {} pods, {} store", plan.nodes, plan.pods, plan.store.name());
-        let result = run::one(&args, &binary, dir.path(), *plan, deadline).await;
+        let result = run::one(&args, &binary, dir.path(), *plan, deadline, &stop).await;
         eprintln!("  {}", result.summary());
         results.push(result);
     }
@@ -200,6 +209,24 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let report = Report { status_workers: args.status_workers, runs: results };
     report.print();
     crate::finish_run(args.json.as_deref(), || report.to_json(), started)
+}
+
+/// A flag raised on SIGINT or SIGTERM: the run in progress ends and is printed, later runs are
+/// skipped, and every process started is stopped.
+fn stop_on_signal() -> anyhow::Result<Arc<AtomicBool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mut interrupt, mut terminate) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!("interrupted: ending the run, printing what there is");
+        flag.store(true, Ordering::SeqCst);
+    });
+    Ok(stop)
 }
 
 #[cfg(test)]

@@ -96,6 +96,10 @@ impl Report {
             let target = if process == "server" { format!("≤ {SERVER_RSS_TARGET_MIB}") } else { String::new() };
             row(&format!("{process} RSS peak (MiB)"), each(&|_, r| against(r.process(process).0, 0, ceiling)), &target);
             row(&format!("{process} CPU mean (cores)"), each(&|_, r| cell(r.process(process).1, 2)), "");
+            if process != "etcd" {
+                let fds = |r: &RunResult| r.open_files(process).map_or_else(|| "n/a".to_owned(), |n| n.to_string());
+                row(&format!("{process} open files, most"), each(&|_, r| fds(r)), "");
+            }
         }
         row("failed calls", each(&|_, r| r.failures().values().sum::<u64>().to_string()), "");
         row("watch errors (nodes / bench)", each(&|_, r| format!("{}/{}", r.watch_errors, r.observer_errors)), "");

@@ -24,6 +24,8 @@ pub enum Outcome {
     Complete,
     /// `--timeout` was reached first.
     TimedOut,
+    /// SIGINT or SIGTERM came first.
+    Interrupted,
     /// The pod counts stood still from this point (since the Deployments were created).
     Stalled(Duration),
     Failed(String),
@@ -35,6 +37,7 @@ impl Outcome {
             Outcome::NotRun => "not run".into(),
             Outcome::Complete => "complete".into(),
             Outcome::TimedOut => "TIMED OUT".into(),
+            Outcome::Interrupted => "INTERRUPTED".into(),
             Outcome::Stalled(at) => format!("STALLED at {:.0} s", at.as_secs_f64()),
             Outcome::Failed(_) => "FAILED".into(),
         }
@@ -201,6 +204,10 @@ impl RunResult {
         out
     }
 
+    pub fn open_files(&self, name: &str) -> Option<usize> {
+        self.processes.iter().position(|p| p == name).and_then(|p| usage::peak_fds(&self.samples, p))
+    }
+
     pub fn process(&self, name: &str) -> (Option<f64>, Option<f64>) {
         match self.processes.iter().position(|p| p == name) {
             Some(p) => usage::peak_and_mean(&self.samples, p),
@@ -239,7 +246,8 @@ impl RunResult {
                     .iter()
                     .map(|w| json!({"at_s": w.at.as_secs_f64(), "rss_mib": w.rss_mib, "cores": w.cores}))
                     .collect();
-                (name.clone(), json!({"rss_peak_mib": peak, "cores_mean": mean, "series": w}))
+                let fds = usage::peak_fds(&self.samples, p);
+                (name.clone(), json!({"rss_peak_mib": peak, "cores_mean": mean, "open_files_peak": fds, "series": w}))
             })
             .collect();
         json!({

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -14,7 +15,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use super::calls::ApiCalls;
-use super::hollow::{self, Fleet};
+use super::hollow::{self, Fleet, Workers};
 use super::observe::{self, Listing, PodWatch};
 use super::result::{LogSummary, Outcome, RunResult};
 use super::{ClusterArgs, Plan, Store, replicas, usage};
@@ -68,7 +69,14 @@ fn deployment(class: &str, replicas: usize) -> anyhow::Result<Deployment> {
 }
 
 /// One run; failures after the server is up end the run with what was measured so far.
-pub async fn one(args: &ClusterArgs, binary: &Path, root: &Path, plan: Plan, deadline: Instant) -> RunResult {
+pub async fn one(
+    args: &ClusterArgs,
+    binary: &Path,
+    root: &Path,
+    plan: Plan,
+    deadline: Instant,
+    stop: &AtomicBool,
+) -> RunResult {
     let mut result = RunResult::new(plan);
     let dir = root.join(format!("{}-{}", plan.store.name(), plan.nodes));
     if let Err(e) = std::fs::create_dir_all(&dir) {
@@ -111,7 +119,8 @@ pub async fn one(args: &ClusterArgs, binary: &Path, root: &Path, plan: Plan, dea
     result.processes = ["server", "bench", "etcd"][..pids.len()].iter().map(|s| (*s).to_owned()).collect();
     let origin = Instant::now();
     let (samples, sampler) = usage::sample(pids, origin);
-    if let Err(e) = measure(args, &data_dir, &admin, &server, plan, deadline, &mut result).await {
+    let limits = Limits { deadline, stop };
+    if let Err(e) = measure(args, &data_dir, &admin, &server, plan, limits, &mut result).await {
         result.outcome = Outcome::Failed(format!("{e:#}"));
     }
     sampler.abort();
@@ -128,9 +137,10 @@ async fn measure(
     admin: &kube::Client,
     server: &crate::cri::daemons::Daemon,
     plan: Plan,
-    deadline: Instant,
+    limits: Limits<'_>,
     result: &mut RunResult,
 ) -> anyhow::Result<()> {
+    let deadline = limits.deadline;
     let kubeconfig = data_dir.join("admin.kubeconfig");
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
     Api::<Namespace>::all(admin.clone()).create(&PostParams::default(), &ns).await.context("creating the namespace")?;
@@ -140,7 +150,8 @@ async fn measure(
     }
 
     let calls = Arc::new(ApiCalls::default());
-    let fleet = Fleet::new(cluster::client(&kubeconfig).await?, calls.clone(), plan.nodes, args.status_workers);
+    let workers = Workers { status: args.status_workers, heartbeat: args.heartbeat_workers };
+    let fleet = Fleet::new(cluster::client(&kubeconfig).await?, calls.clone(), plan.nodes, workers);
     let observer = cluster::client(&kubeconfig).await?;
     let registering = Instant::now();
     // Each node goes live (heartbeats, its watch) as soon as it is registered: the watches'
@@ -155,9 +166,12 @@ async fn measure(
         })
         .buffered(args.register_concurrency)
         .collect::<Vec<_>>();
-    let registered = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), register)
-        .await
-        .context("--timeout reached while registering the hollow nodes")?;
+    let registered = tokio::select! {
+        r = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), register) => {
+            r.context("--timeout reached while registering the hollow nodes")?
+        }
+        () = limits.stopped() => anyhow::bail!("interrupted while registering the hollow nodes"),
+    };
     let mut nodes = AbortOnDrop(Vec::with_capacity(plan.nodes));
     let mut failed = None;
     for r in registered {
@@ -173,6 +187,7 @@ async fn measure(
     while fleet.watching.load(std::sync::atomic::Ordering::SeqCst) < plan.nodes {
         ensure!(cluster::alive(server.pid), "berth server exited:\n{}", server.log_tail());
         ensure!(Instant::now() < patience, "the hollow nodes' watches were not all open in time");
+        ensure!(!limits.is_stopped(), "interrupted while the hollow nodes' watches opened");
         tokio::time::sleep(POLL).await;
     }
     result.registered = Some(registering.elapsed());
@@ -209,6 +224,9 @@ async fn measure(
         if Instant::now() > deadline {
             break Outcome::TimedOut;
         }
+        if limits.is_stopped() {
+            break Outcome::Interrupted;
+        }
         if counts != last {
             (last, last_change) = (counts, Instant::now());
         } else if last_change.elapsed() > Duration::from_secs(args.stall_secs) {
@@ -233,12 +251,15 @@ async fn measure(
     if let Some(task) = during {
         result.listings.extend(task.await.ok());
     }
-    if cluster::alive(server.pid) {
+    if cluster::alive(server.pid) && !limits.is_stopped() {
         for _ in 0..2 {
             result.listings.push(timed_list(&observer, &calls, origin).await);
         }
         let hold = Duration::from_secs(args.hold_secs).min(deadline.saturating_duration_since(Instant::now()));
-        tokio::time::sleep(hold).await;
+        tokio::select! {
+            () = tokio::time::sleep(hold) => {}
+            () = limits.stopped() => {}
+        }
     }
     drop(gets);
     result.observer_errors = watch.errors();
@@ -260,6 +281,26 @@ async fn timed_list(client: &kube::Client, calls: &ApiCalls, origin: Instant) ->
             bytes: 0,
             error: Some(format!("no answer in {LIST_PATIENCE:?}")),
         },
+    }
+}
+
+/// When a run must end early.
+#[derive(Clone, Copy)]
+struct Limits<'a> {
+    deadline: Instant,
+    stop: &'a AtomicBool,
+}
+
+impl Limits<'_> {
+    fn is_stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Returns once the stop flag is raised.
+    async fn stopped(&self) {
+        while !self.is_stopped() {
+            tokio::time::sleep(POLL).await;
+        }
     }
 }
 

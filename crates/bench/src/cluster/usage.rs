@@ -13,11 +13,14 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 pub struct Reading {
     pub rss_kib: u64,
     pub cpu: Duration,
+    /// Open file descriptors (mostly the connections of the watches).
+    pub fds: usize,
 }
 
 impl Reading {
     fn read(pid: u32) -> Option<Self> {
-        Some(Self { rss_kib: ProcMemory::read(pid).ok()?.rss, cpu: cpu_time(pid).ok()? })
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
+        Some(Self { rss_kib: ProcMemory::read(pid).ok()?.rss, cpu: cpu_time(pid).ok()?, fds })
     }
 }
 
@@ -74,6 +77,11 @@ pub fn windows(samples: &[Sample], p: usize, every: Duration) -> Vec<Window> {
     out
 }
 
+/// Process `p`'s most open file descriptors.
+pub fn peak_fds(samples: &[Sample], p: usize) -> Option<usize> {
+    samples.iter().filter_map(|s| s.readings.get(p).copied().flatten()).map(|r| r.fds).max()
+}
+
 /// Process `p`'s peak RSS in MiB and its mean cores over all samples.
 pub fn peak_and_mean(samples: &[Sample], p: usize) -> (Option<f64>, Option<f64>) {
     let readings: Vec<(Duration, Reading)> =
@@ -95,7 +103,7 @@ mod tests {
     fn s(secs: u64, rss_kib: u64, cpu_ms: u64) -> Sample {
         Sample {
             at: Duration::from_secs(secs),
-            readings: vec![Some(Reading { rss_kib, cpu: Duration::from_millis(cpu_ms) })],
+            readings: vec![Some(Reading { rss_kib, cpu: Duration::from_millis(cpu_ms), fds: 10 })],
         }
     }
 
@@ -111,6 +119,7 @@ mod tests {
         let (peak, mean) = peak_and_mean(&samples, 0);
         assert_eq!(peak, Some(26.0));
         assert!((mean.unwrap() - 0.5).abs() < 1e-9);
+        assert_eq!(peak_fds(&samples, 0), Some(10));
         assert!(windows(&samples, 1, Duration::from_secs(10)).is_empty());
     }
 }
