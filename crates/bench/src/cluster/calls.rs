@@ -23,6 +23,8 @@ pub enum Call {
 /// The classes the API's latency objectives are stated for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verb {
+    /// The nodes' registration, before the pods: apart from the steady writes.
+    Registration,
     Mutating,
     Get,
     List,
@@ -44,9 +46,8 @@ impl Call {
 
     pub fn verb(self) -> Verb {
         match self {
-            Call::CreateNode | Call::CreateLease | Call::RenewLease | Call::PatchNodeStatus | Call::PatchPodStatus => {
-                Verb::Mutating
-            }
+            Call::CreateNode | Call::CreateLease => Verb::Registration,
+            Call::RenewLease | Call::PatchNodeStatus | Call::PatchPodStatus => Verb::Mutating,
             Call::GetLease | Call::GetPod => Verb::Get,
             Call::ListPods => Verb::List,
         }
