@@ -4,6 +4,8 @@
 use serde_json::{Value, json};
 
 use super::calls::{Call, Verb};
+use std::time::Duration;
+
 use super::result::{Outcome, PodFigures, RunResult, SERIES_WINDOW, cell, secs};
 use super::usage;
 
@@ -12,6 +14,17 @@ pub const MUTATING_P99_TARGET_MS: f64 = 1000.0;
 pub const GET_P99_TARGET_MS: f64 = 1000.0;
 pub const LIST_TARGET_S: f64 = 30.0;
 pub const SERVER_RSS_TARGET_MIB: f64 = 2048.0;
+
+/// At most this many windows of a series are printed (the JSON has them all).
+const PRINTED_WINDOWS: u64 = 30;
+
+/// The printed series' window for a run of `span`: [`SERIES_WINDOW`], or a multiple of it that
+/// keeps the series to [`PRINTED_WINDOWS`].
+fn print_window(span: Duration) -> Duration {
+    let base = SERIES_WINDOW.as_secs();
+    let windows = span.as_secs().div_ceil(base);
+    SERIES_WINDOW * u32::try_from(windows.div_ceil(PRINTED_WINDOWS).max(1)).unwrap_or(u32::MAX)
+}
 
 pub struct Report {
     pub status_workers: usize,
@@ -150,10 +163,11 @@ impl Report {
             );
         }
         for (p, name) in r.processes.iter().enumerate() {
-            let w = usage::windows(&r.samples, p, SERIES_WINDOW);
+            let every = print_window(r.samples.last().map_or(Duration::ZERO, |s| s.at));
+            let w = usage::windows(&r.samples, p, every);
             let series: Vec<String> =
                 w.iter().map(|w| format!("{:.0}s {:.0}MiB/{:.2}", w.at.as_secs_f64(), w.rss_mib, w.cores)).collect();
-            println!("  {name} RSS/cores every {} s: {}", SERIES_WINDOW.as_secs(), series.join("  "));
+            println!("  {name} RSS/cores every {} s: {}", every.as_secs(), series.join("  "));
         }
         for s in &r.server_log.samples {
             println!("  server log: {s}");
@@ -178,6 +192,14 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_runs_print_their_series_in_longer_windows() {
+        assert_eq!(print_window(Duration::from_secs(60)), Duration::from_secs(10));
+        assert_eq!(print_window(Duration::from_secs(300)), Duration::from_secs(10));
+        assert_eq!(print_window(Duration::from_secs(1000)), Duration::from_secs(40));
+        assert_eq!(print_window(Duration::ZERO), Duration::from_secs(10));
+    }
 
     #[test]
     fn a_value_over_its_ceiling_is_marked() {
