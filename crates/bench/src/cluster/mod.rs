@@ -7,8 +7,8 @@
 //! Each run starts the release `berth server` (SQLite in the run's directory, or a single-member
 //! etcd of its own with `--store etcd`) with its scheduler and controllers in process,
 //! `--leader-elect=false` and the node lifecycle controller on (the hollow nodes renew their
-//! Leases, so it finds them healthy), a cluster CIDR with room for every node's pod CIDR and no
-//! cluster DNS. The bench creates a namespace and the RuntimeClasses
+//! Leases, so it finds them healthy), compaction every 300 s, a cluster CIDR with room for every
+//! node's pod CIDR and no cluster DNS. The bench creates a namespace and the RuntimeClasses
 //! `runc`, `crun` and `gvisor`, registers the hollow nodes (see [`hollow`]: handler mixes,
 //! zones and a few tainted nodes as the scheduler bench makes them) and waits until each node's
 //! watch of its pods is open. Then, with its own watch of all pods open:

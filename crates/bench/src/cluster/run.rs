@@ -100,6 +100,9 @@ pub async fn one(
         "--cluster-cidr=10.128.0.0/9",
         // Not what is measured; and port 10053 may be taken by another server on the machine.
         "--cluster-dns-port=0",
+        // Compaction as a production server runs it: a long run's history would otherwise grow
+        // the store (and etcd's memory) without bound.
+        "--compaction-interval-seconds=300",
     ]
     .map(str::to_owned)
     .to_vec();
