@@ -10,10 +10,11 @@
 //!   `nodes/<node>/status`; the nodes' phases are spread evenly over the period, so the renewals
 //!   of 5,000 nodes come as a steady 500 per second rather than in bursts;
 //! - watches the pods with `fieldSelector=spec.nodeName=<node>` — one watch per node, as many as
-//!   real agents would hold open — and merge-patches `pods/<pod>/status` of each newly bound pod
-//!   to Running (conditions, `podIP`, `startTime`, a running status per container), as the
-//!   agent's status writer does. The patches of all nodes share a pool of
-//!   `status_workers` permits, as the agent's writers share theirs.
+//!   real agents would hold open, their timeouts spread as client-go spreads them — and
+//!   merge-patches `pods/<pod>/status` of each newly bound pod to Running (conditions, `podIP`,
+//!   `startTime`, a running status per container), as the agent's status writer does. The
+//!   patches of all nodes share a pool of `status_workers` permits, as the agent's writers
+//!   share theirs.
 //!
 //! All nodes share one `kube::Client` (one connection pool; kube speaks HTTP/1.1, so each open
 //! watch holds a connection of its own). Every call is timed into [`ApiCalls`].
@@ -90,6 +91,13 @@ pub struct Workers {
 /// Where node `i` of `nodes` renews within each period: evenly spread.
 pub fn phase(i: usize, nodes: usize, period: Duration) -> Duration {
     period.mul_f64(i as f64 / nodes.max(1) as f64)
+}
+
+/// The server-side timeout of node `i`'s watch requests, in seconds: spread over 150–290 s, as
+/// client-go randomises its watches' timeouts, so that the nodes' watches do not all end and
+/// start again at the same moment (kube's watcher would give every one 290 s).
+pub fn watch_timeout(i: usize, nodes: usize) -> u32 {
+    150 + u32::try_from(i * 140 / nodes.max(1)).unwrap_or(140)
 }
 
 /// The address of pod number `k` on node `i`: a /24 per node under 10.128.0.0/9.
@@ -197,7 +205,8 @@ async fn heartbeats(fleet: &Fleet, i: usize, mut lease: Lease) {
 async fn watch_pods(fleet: Arc<Fleet>, i: usize) {
     let name = objects::node_name(i);
     let api: Api<Pod> = Api::all(fleet.client.clone());
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={name}"));
+    let config =
+        watcher::Config::default().fields(&format!("spec.nodeName={name}")).timeout(watch_timeout(i, fleet.nodes));
     let events = watcher(api, config).default_backoff();
     futures::pin_mut!(events);
     let mut reported: HashSet<String> = HashSet::new();
@@ -307,6 +316,13 @@ mod tests {
         assert_eq!(phase(0, 5000, p), Duration::ZERO);
         assert_eq!(phase(2500, 5000, p), Duration::from_secs(5));
         assert!(phase(4999, 5000, p) < p);
+    }
+
+    #[test]
+    fn watch_timeouts_are_spread_and_within_the_watchers_default() {
+        assert_eq!(watch_timeout(0, 5000), 150);
+        assert_eq!(watch_timeout(2500, 5000), 220);
+        assert!(watch_timeout(4999, 5000) < 290);
     }
 
     #[test]
