@@ -53,6 +53,13 @@ impl EtcdServer {
         Ok(server)
     }
 
+    /// etcd's own pid (the shell's child), for its memory and CPU.
+    pub fn pid(&self) -> Option<u32> {
+        let shell = self.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+
     async fn wait_healthy(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -3,6 +3,7 @@
 
 mod agent;
 mod api;
+mod cluster;
 mod controllers;
 mod cri;
 mod etcd_cluster;
@@ -58,6 +59,9 @@ enum Command {
     /// Deployment burst), next to the raw runtime + CNI ADD floor and containerd's CRI path, and
     /// the memory of the whole tree.
     Startup(startup::StartupArgs),
+    /// Hollow nodes in one process against a real server, as kubemark: pod startup latency,
+    /// API latency by verb, scheduling throughput, server memory and CPU, next to a 100-node run.
+    Cluster(cluster::ClusterArgs),
     /// Service rule sync at thousands of Services next to plain `nft -f`, Service created →
     /// first connection next to its EndpointSlice's arrival, and cluster DNS next to a UDP echo.
     Services(services::ServicesArgs),
@@ -96,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Controllers(args) => controllers::run(args).await,
         Command::Startup(args) => startup::run(args).await,
         Command::Services(args) => services::run(args).await,
+        Command::Cluster(args) => cluster::run(args).await,
     }
 }
 

@@ -41,7 +41,8 @@ pub async fn start_server(binary: &Path, dir: &Path) -> anyhow::Result<(Daemon, 
     start_server_with(binary, dir, &[]).await
 }
 
-/// [`start_server`] with `extra` arguments (say, `--no-scheduler`).
+/// [`start_server`] with `extra` arguments (say, `--no-scheduler`; a
+/// `--compaction-interval-seconds=N` of its own replaces the run's default of no compaction).
 pub async fn start_server_with(
     binary: &Path,
     dir: &Path,
@@ -55,10 +56,11 @@ pub async fn start_server_with(
         data_dir.to_string_lossy().into_owned(),
         "--secure-port".into(),
         port.to_string(),
-        // No compaction during the run: it is not what is measured.
-        "--compaction-interval-seconds".into(),
-        "3600".into(),
     ];
+    // No compaction during the run (it is not what is measured), unless `extra` says otherwise.
+    if !extra.iter().any(|a| a.starts_with("--compaction-interval-seconds")) {
+        args.extend(["--compaction-interval-seconds".into(), "3600".into()]);
+    }
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let daemon = Daemon::spawn(binary, &args, &dir.join("server.log"))?;
     let kubeconfig = data_dir.join("admin.kubeconfig");
