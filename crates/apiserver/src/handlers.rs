@@ -398,6 +398,8 @@ pub(crate) fn check_object(
 }
 
 const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+/// Tries of a create whose generated name is taken, the first included (kube-apiserver's).
+const GENERATE_NAME_ATTEMPTS: u32 = 8;
 
 fn generate_name(base: &str) -> String {
     let id = uuid::Uuid::new_v4();
@@ -415,6 +417,8 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
     let duplicates = request::duplicate_fields(headers, body);
     let (mut obj, warnings) = check_object(t.rt, request::decode_body(headers, body)?, &duplicates, fv)?;
     let rt = t.rt;
+    // The `generateName` base, when the name was generated here.
+    let mut generated = None;
     {
         let m = meta_mut(&mut obj);
         let given_ns = m.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
@@ -441,6 +445,7 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
         let generate = m.get("generateName").and_then(Value::as_str).unwrap_or("").to_string();
         if name.is_empty() && !generate.is_empty() {
             m.insert("name".into(), json!(generate_name(&generate)));
+            generated = Some(generate);
         }
         m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         m.insert("creationTimestamp".into(), json!(berth_common::time::now_rfc3339()));
@@ -448,7 +453,7 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
             m.remove(k);
         }
     }
-    let name = objects::name(&obj).to_string();
+    let mut name = objects::name(&obj).to_string();
     if name.is_empty() {
         let e = FieldError::required("metadata.name", "name or generateName is required");
         return Err(ApiError::invalid(rt, "", &[e]));
@@ -464,13 +469,23 @@ async fn create(state: &ApiState, t: &Target, q: &Query, headers: &HeaderMap, bo
     }
     let claimed =
         if std::ptr::eq(rt, &SERVICES) { services::allocate(state, &mut obj, None).await? } else { Vec::new() };
-    let key = objects::key(rt, t.namespace.as_deref(), &name);
     let started = Instant::now();
-    let kv = match state.store.create(&key, objects::encode(rt, &obj)).await {
-        Ok(kv) => kv,
-        Err(e) => {
-            services::undo(state, &claimed).await;
-            return Err(ApiError::from_store(e, rt, &name));
+    let mut attempts = 1;
+    let kv = loop {
+        let key = objects::key(rt, t.namespace.as_deref(), &name);
+        match state.store.create(&key, objects::encode(rt, &obj)).await {
+            Ok(kv) => break kv,
+            // A generated name that is taken is generated again, as kube-apiserver does
+            // (RetryGenerateName): five random characters collide among tens of thousands of pods.
+            Err(StoreError::AlreadyExists { .. }) if attempts < GENERATE_NAME_ATTEMPTS && generated.is_some() => {
+                attempts += 1;
+                name = generate_name(generated.as_deref().unwrap_or_default());
+                meta_mut(&mut obj).insert("name".into(), json!(name));
+            }
+            Err(e) => {
+                services::undo(state, &claimed).await;
+                return Err(ApiError::from_store(e, rt, &name));
+            }
         }
     };
     state.metrics.observe_store("create", started.elapsed());
