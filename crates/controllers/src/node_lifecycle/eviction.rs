@@ -79,7 +79,9 @@ async fn reconcile(node: Arc<Node>, ev: Arc<Evictor>) -> Result<Action, Error> {
     let no_execute: Vec<&Taint> = taints::taints(&node).iter().filter(|t| t.effect == NO_EXECUTE).collect();
     let added = ev.added_times(&name, &no_execute, now);
     let timed: Vec<(&Taint, jiff::Timestamp)> = no_execute.iter().copied().zip(added).collect();
-    let pods = ev.stores.pods_on(&name);
+    // Without a NoExecute taint no pod is evicted: skip the scan of every pod, which each pod
+    // change on the node would otherwise pay for.
+    let pods = if no_execute.is_empty() { Vec::new() } else { ev.stores.pods_on(&name) };
     let mut next: Option<jiff::Timestamp> = None;
     let mut later: HashMap<PodKey, jiff::Timestamp> = HashMap::new();
     let mut evicted: Vec<PodKey> = Vec::new();
