@@ -213,21 +213,22 @@ fn async_stream(
             let next = tokio::time::timeout(BOOKMARK_EVERY, events.next(&state, rt));
             let item = tokio::select! {
                 r = next => r,
-                _ = tokio::time::sleep_until(deadline) => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    // A last bookmark, so that the client resumes from where the type is now, not
+                    // from its last event: a resume from far back reads the store's history.
+                    if bookmarks && let Some(rev) = bookmark_revision(&events, last_rev) {
+                        let _ = tx.send(bookmark(rt, rev)).await;
+                    }
+                    return;
+                }
                 _ = tx.closed() => return,
             };
             let (ev, decoded) = match item {
                 Err(_idle) => {
                     if bookmarks {
-                        // Events this watcher does not select also move its resourceVersion on.
-                        let rev = match events.progress() {
-                            Some(progress) if events.is_empty() => last_rev.max(progress),
-                            Some(_) => continue,
-                            None => last_rev,
-                        };
+                        let Some(rev) = bookmark_revision(&events, last_rev) else { continue };
                         last_rev = rev;
-                        let bm = json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": last_rev.to_string()}});
-                        if tx.send(line("BOOKMARK", bm)).await.is_err() {
+                        if tx.send(bookmark(rt, last_rev)).await.is_err() {
                             return;
                         }
                     }
@@ -248,6 +249,21 @@ fn async_stream(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok)
+}
+
+/// The resourceVersion a bookmark may report now: events this watcher does not select also move
+/// it on, once it has been sent every event it selects. `None` while some are still queued.
+fn bookmark_revision(events: &Source, last_rev: i64) -> Option<i64> {
+    match events.progress() {
+        Some(progress) if events.is_empty() => Some(last_rev.max(progress)),
+        Some(_) => None,
+        None => Some(last_rev),
+    }
+}
+
+fn bookmark(rt: &ResourceType, rev: i64) -> Bytes {
+    let bm = json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": rev.to_string()}});
+    line("BOOKMARK", bm)
 }
 
 /// Where a watch's events come from.

@@ -352,3 +352,25 @@ async fn a_bookmark_reports_the_revision_of_events_the_watcher_did_not_select() 
     assert_eq!(events[0]["type"], "BOOKMARK", "{events:?}");
     assert_eq!(events[0]["object"]["metadata"]["resourceVersion"], other["metadata"]["resourceVersion"]);
 }
+
+#[tokio::test]
+async fn a_watch_that_times_out_ends_with_a_bookmark_of_where_the_type_is() {
+    let api = Api::new().await;
+    let rv = api.current_rv().await;
+    let watch = Lines::read(
+        api.watch(&format!(
+            "/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=1&resourceVersion={rv}&fieldSelector=spec.nodeName%3Dn1"
+        ))
+        .await,
+    );
+    let other = api
+        .post(
+            "/api/v1/namespaces/default/pods",
+            json!({"metadata": {"name": "q"}, "spec": {"nodeName": "n2", "containers": [{"name": "c", "image": "busybox"}]}}),
+        )
+        .await;
+    // Well before the idle bookmark interval: only the end of the watch can have sent it.
+    let events = watch.wait_for(1).await;
+    assert_eq!(events[0]["type"], "BOOKMARK", "{events:?}");
+    assert_eq!(events[0]["object"]["metadata"]["resourceVersion"], other["metadata"]["resourceVersion"]);
+}
