@@ -1,6 +1,7 @@
 //! The `berth` binary: one subcommand per part of the orchestrator.
 
 mod commands;
+mod memory;
 
 use clap::{Parser, Subcommand};
 
@@ -65,13 +66,13 @@ fn main() -> anyhow::Result<()> {
         // The CRI runtime idles most of its life: blocking threads (OCI runtime calls, record
         // writes) go as soon as a burst is over instead of keeping their memory for 10 s.
         builder.thread_keep_alive(std::time::Duration::from_secs(1)).max_blocking_threads(64);
-        berth_runtime::memory::limit_arenas();
+        memory::limit_arenas();
     }
     if matches!(cli.command, Command::Agent(_)) {
-        berth_runtime::memory::limit_arenas();
+        memory::limit_arenas();
     }
     // A large list's memory goes back to the OS once it is written.
-    berth_apiserver::memory::set_trim(berth_runtime::memory::trim);
+    berth_apiserver::memory::set_trim(memory::trim);
     let runtime = builder.enable_all().build()?;
     runtime.block_on(async {
         match cli.command {

@@ -2,14 +2,14 @@
 //!
 //! [`config`] reads the handlers and their guest platforms, [`cri`] implements the services on
 //! top of `berth_image::Images`, the OCI runtimes, the monitors and the CNI plugins, [`host`] is
-//! the one module touching the kernel (mounts, infra process, pidfds), [`memory`] returns freed
-//! heap to it, [`server`] listens on the socket, [`state`] keeps the records of sandboxes and
-//! containers and [`reality`] reads what is really running after a restart.
+//! the one module touching the kernel (mounts, infra process, pidfds), [`server`] listens on the
+//! socket (and counts the RPCs it serves, for the binary's memory policy), [`state`] keeps the
+//! records of sandboxes and containers and [`reality`] reads what is really running after a
+//! restart.
 
 pub mod config;
 pub mod cri;
 pub mod host;
-pub mod memory;
 pub mod reality;
 pub mod server;
 pub mod state;

@@ -90,6 +90,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     // The agent wakes often (pod workers, heartbeats): its heap and code pages are trimmed on a
     // timer rather than when quiet.
-    let _trim = berth_runtime::memory::spawn_trim_every(AGENT_TRIM_PERIOD);
+    let _trim = crate::memory::spawn_trim_every(AGENT_TRIM_PERIOD);
     berth_agent::agent::run(flags).await.context("berth agent")
 }

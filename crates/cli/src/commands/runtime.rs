@@ -49,7 +49,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = server::bind(&cfg.socket).await?;
     let cri = Cri::open(cfg, Arc::new(images), Options::default()).await.context("starting the CRI runtime")?;
     let routes = grpc::routes(cri.clone());
-    let _trim = berth_runtime::memory::spawn_trim_when_quiet();
+    let _trim = crate::memory::spawn_trim_when_quiet(berth_runtime::server::rpcs_started);
     let closing = cri.clone();
     listener
         .serve(routes, async move {

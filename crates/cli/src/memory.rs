@@ -1,5 +1,6 @@
-//! Giving the heap a burst of RPCs freed back to the kernel, so the idle runtime stays small
-//! (and the same, on a timer, for the node agent, which `berth` also is).
+//! The process-wide memory policy of `berth`: giving the heap a burst of RPCs freed back to the
+//! kernel, so the idle runtime stays small (and the same, on a timer, for the node agent; and
+//! after a large list, for the API server).
 //!
 //! glibc's malloc gives each thread that allocates its own arena (up to 8 per core) and keeps
 //! freed memory there for reuse: after a burst of pods on tokio's blocking threads, the idle
@@ -12,19 +13,10 @@
 //! file pages are copies of the page cache: dropping them from the working set (as a kernel
 //! under memory pressure would) loses nothing, and the next RPC maps back what it runs.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// How long without a new RPC counts as quiet.
 const QUIET: Duration = Duration::from_secs(1);
-
-/// RPCs started so far; the trimmer compares it between ticks.
-static RPCS: AtomicU64 = AtomicU64::new(0);
-
-/// Counts one RPC (the server's request layer calls it).
-pub fn note_rpc() {
-    RPCS.fetch_add(1, Ordering::Relaxed);
-}
 
 /// Caps malloc's arenas at two; call before the async runtime starts its threads.
 pub fn limit_arenas() {
@@ -66,16 +58,17 @@ pub fn spawn_trim_every(period: Duration) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Trims once after each burst of RPCs, when a tick finds no RPC since the previous one; never
-/// during a burst, whose next allocations would fault the pages right back in.
-pub fn spawn_trim_when_quiet() -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async {
+/// Trims once after each burst of RPCs (`rpcs` counts those started), when a tick finds no RPC
+/// since the previous one; never during a burst, whose next allocations would fault the pages
+/// right back in.
+pub fn spawn_trim_when_quiet(rpcs: fn() -> u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
         let mut tick = tokio::time::interval(QUIET);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut seen, mut trimmed) = (RPCS.load(Ordering::Relaxed), u64::MAX);
+        let (mut seen, mut trimmed) = (rpcs(), u64::MAX);
         loop {
             tick.tick().await;
-            let now = RPCS.load(Ordering::Relaxed);
+            let now = rpcs();
             if now == seen && now != trimmed {
                 trim();
                 release_clean_file_pages();
