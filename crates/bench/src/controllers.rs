@@ -88,16 +88,7 @@ pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
     );
     let room = (0..args.nodes).filter(|&n| objects::fits(n, "runc")).count() * objects::NODE_PODS;
     ensure!(args.replicas <= room, "{} replicas exceed the {room} pod slots of {} nodes", args.replicas, args.nodes);
-    let binary = match &args.berth_binary {
-        Some(p) => p.clone(),
-        None => crate::cri::default_berth_binary()?,
-    };
-    ensure!(binary.exists(), "no berth binary at {} (cargo build --release -p berth)", binary.display());
-    ensure!(
-        crate::scheduler::runs_controllers(&binary)?,
-        "{} has no --controllers: it runs no controllers in process",
-        binary.display()
-    );
+    let binary = crate::scheduler::controllers_binary(args.berth_binary.as_deref())?;
     let dir = tempfile::Builder::new().prefix("berth-bench-controllers.").tempdir()?;
     eprintln!("run directory {}", dir.path().display());
     let result = measure(&args, &binary, dir.path()).await;

@@ -169,16 +169,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             anyhow::bail!("{why}");
         }
     }
-    let binary = match &args.berth_binary {
-        Some(p) => p.clone(),
-        None => crate::cri::default_berth_binary()?,
-    };
-    ensure!(binary.exists(), "no berth binary at {} (cargo build --release -p berth)", binary.display());
-    ensure!(
-        crate::scheduler::runs_controllers(&binary)?,
-        "{} has no --controllers: it runs no controllers in process",
-        binary.display()
-    );
+    let binary = crate::scheduler::controllers_binary(args.berth_binary.as_deref())?;
     if stores.contains(&Store::Etcd) {
         ensure!(
             args.etcd_binary.exists(),

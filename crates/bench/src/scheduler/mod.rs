@@ -597,6 +597,22 @@ pub(crate) fn runs_controllers(binary: &Path) -> anyhow::Result<bool> {
     server_has_flag(binary, "--controllers")
 }
 
+/// The `berth` binary a bench of the server with its controllers runs: `given`, else the one next
+/// to this bench; it must exist and run controllers in process.
+pub(crate) fn controllers_binary(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let binary = match given {
+        Some(p) => p.to_path_buf(),
+        None => crate::cri::default_berth_binary()?,
+    };
+    anyhow::ensure!(binary.exists(), "no berth binary at {} (cargo build --release -p berth)", binary.display());
+    anyhow::ensure!(
+        runs_controllers(&binary)?,
+        "{} has no --controllers: it runs no controllers in process",
+        binary.display()
+    );
+    Ok(binary)
+}
+
 /// Whether this `berth server` takes `flag`.
 fn server_has_flag(binary: &Path, flag: &str) -> anyhow::Result<bool> {
     let help = std::process::Command::new(binary).args(["server", "--help"]).output().context("berth server --help")?;
