@@ -18,6 +18,9 @@
 //! Nothing is deleted on the graph's word alone: an owner counts as gone only when a live GET
 //! finds no object with its UID (a missing node in the graph is only a reason to look). A
 //! reference to a kind the server does not serve keeps its object (retried with back-off).
+//! Watches of different kinds are not ordered with each other, so a dependent can reach the
+//! graph after its owner's orphaning began: the collector remembers the owners it orphans for
+//! [`ORPHANED_MEMORY`], and such a dependent loses its reference instead of being deleted.
 //! Work starts once every watch has listed its resource (or after [`RESYNC`] at the latest).
 
 pub mod decide;
@@ -50,6 +53,10 @@ pub const WORKERS: usize = 20;
 pub const RESYNC: Duration = Duration::from_secs(30);
 /// Until discovery first succeeds, it is tried this often.
 const DISCOVERY_RETRY: Duration = Duration::from_secs(1);
+/// How long the collector remembers an owner it orphans the dependents of: a dependent whose
+/// watch event comes after the owner's (watches of different kinds are not ordered) loses its
+/// reference instead of being deleted with the owner gone.
+pub const ORPHANED_MEMORY: Duration = Duration::from_secs(600);
 /// Attempts of a read-modify-write that keeps meeting conflicts, within one work item.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -116,6 +123,8 @@ struct Collector {
     /// Watches of the first discovery that have not listed their resource yet.
     unsynced: HashSet<GroupKind>,
     discovered: bool,
+    /// Owners whose dependents are orphaned, and since when.
+    orphaned: HashMap<Uid, Instant>,
 }
 
 impl Collector {
@@ -128,6 +137,7 @@ impl Collector {
             watches: HashMap::new(),
             unsynced: HashSet::new(),
             discovered: false,
+            orphaned: HashMap::new(),
         }
     }
 
@@ -196,12 +206,25 @@ impl Collector {
         let uid = match &work {
             Work::AttemptToDelete(uid) | Work::AttemptToOrphan(uid) => uid,
         };
-        let Some(view) = self.graph.view(uid) else {
+        let Some(mut view) = self.graph.view(uid) else {
             // Gone from the graph meanwhile: nothing to do.
             self.queue.done(&work);
             self.queue.forget(&work);
             return;
         };
+        match &work {
+            Work::AttemptToDelete(_) => {
+                view.orphaned_owners =
+                    self.graph.owners_of(uid).filter(|o| self.orphaned.contains_key(*o)).cloned().collect();
+            }
+            // Remembered before its finalizer goes, so the owner's deletion event cannot
+            // overtake it.
+            Work::AttemptToOrphan(_) => {
+                let now = Instant::now();
+                self.orphaned.retain(|_, at| now.duration_since(*at) < ORPHANED_MEMORY);
+                self.orphaned.insert(uid.clone(), now);
+            }
+        }
         let client = self.ctx.client.clone();
         let kinds = self.kinds.clone();
         workers.spawn(async move {
@@ -397,16 +420,20 @@ async fn attempt_to_delete(client: &kube::Client, kinds: &Kinds, view: &NodeView
     let mut classified = Classified::default();
     for r in &owners {
         match owner_state(client, kinds, r, id).await {
+            Ok(OwnerState::Dangling) if view.orphaned_owners.contains(&r.uid) => classified.orphaned.push(r.clone()),
             Ok(state) => classified.push(r.clone(), state),
             Err(e @ Error::NamespacedOwner { .. }) => return Outcome::GiveUp(e),
             Err(e) => return Outcome::Retry(e),
         }
     }
+    let mut look_again = false;
     let result = match decide::decide(&classified, &finalizers, view) {
         Decision::Keep => Ok(()),
         Decision::RemoveReferences(uids) => {
             tracing::info!(object = %id, owners = ?uids, "garbage collector: removing references to owners that are gone");
             let left = decide::without_references(&owners, &uids);
+            // Its other owners are decided on with the references gone.
+            look_again = !classified.orphaned.is_empty() && !left.is_empty();
             patch_meta(&api, id, &rv, "ownerReferences", &left).await.map(|_| ())
         }
         Decision::Delete { policy, unblock_first } => {
@@ -415,6 +442,7 @@ async fn attempt_to_delete(client: &kube::Client, kinds: &Kinds, view: &NodeView
     };
     match result {
         Err(e) => Outcome::Retry(e),
+        Ok(()) if look_again => Outcome::Check(vec![id.uid.clone()]),
         Ok(()) if !view.observed => Outcome::Unobserved,
         Ok(()) => Outcome::Done,
     }

@@ -26,6 +26,9 @@ pub struct Classified {
     pub solid: Vec<OwnerReference>,
     pub dangling: Vec<OwnerReference>,
     pub waiting: Vec<OwnerReference>,
+    /// Gone owners that were deleted with orphan propagation: their references are removed,
+    /// never a reason to delete.
+    pub orphaned: Vec<OwnerReference>,
 }
 
 impl Classified {
@@ -54,6 +57,11 @@ pub enum Decision {
 /// The decision for an object with owner references, as upstream's `attemptToDeleteItem`.
 /// `dependents` are the object's own dependents in the graph.
 pub fn decide(c: &Classified, finalizers: &[String], view: &NodeView) -> Decision {
+    if !c.orphaned.is_empty() {
+        // A dependent the orphaning missed (its watch event came after the owner's). The other
+        // references are decided on once these are gone.
+        return Decision::RemoveReferences(c.orphaned.iter().map(|r| r.uid.clone()).collect());
+    }
     if !c.solid.is_empty() {
         if c.dangling.is_empty() && c.waiting.is_empty() {
             return Decision::Keep;
@@ -149,7 +157,13 @@ mod tests {
     }
 
     fn view(dependents: Vec<Dependent>) -> NodeView {
-        NodeView { identity: ident("me"), observed: true, deleting_dependents: false, dependents }
+        NodeView {
+            identity: ident("me"),
+            observed: true,
+            deleting_dependents: false,
+            dependents,
+            orphaned_owners: vec![],
+        }
     }
 
     fn dep(uid: &str, blocking: bool, deleting_dependents: bool) -> Dependent {
@@ -158,7 +172,14 @@ mod tests {
 
     fn classified(solid: &[&str], dangling: &[&str], waiting: &[&str]) -> Classified {
         let refs = |u: &[&str]| u.iter().map(|u| r(u, true)).collect();
-        Classified { solid: refs(solid), dangling: refs(dangling), waiting: refs(waiting) }
+        Classified { solid: refs(solid), dangling: refs(dangling), waiting: refs(waiting), orphaned: vec![] }
+    }
+
+    #[test]
+    fn a_reference_to_an_owner_deleted_with_orphan_propagation_is_removed_and_never_deletes_the_object() {
+        let mut c = classified(&[], &["b"], &[]);
+        c.orphaned.push(r("a", true));
+        assert_eq!(decide(&c, &[], &view(vec![])), Decision::RemoveReferences(vec!["a".into()]));
     }
 
     #[test]

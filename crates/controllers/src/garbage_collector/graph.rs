@@ -123,6 +123,9 @@ pub struct NodeView {
     pub deleting_dependents: bool,
     /// Its dependents other than itself.
     pub dependents: Vec<Dependent>,
+    /// Those of its owners the collector itself orphaned their dependents for (filled in by the
+    /// collector, which remembers them; the graph forgets an owner once it is gone).
+    pub orphaned_owners: Vec<Uid>,
 }
 
 impl NodeView {
@@ -167,7 +170,13 @@ impl Graph {
             observed: n.observed,
             deleting_dependents: n.deleting_dependents,
             dependents,
+            orphaned_owners: Vec::new(),
         })
+    }
+
+    /// The UIDs of the owners `uid` refers to.
+    pub fn owners_of(&self, uid: &str) -> impl Iterator<Item = &Uid> {
+        self.nodes.get(uid).into_iter().flat_map(|n| n.owners.iter().map(|r| &r.uid))
     }
 
     /// Applies one change; returns the work it makes necessary.
