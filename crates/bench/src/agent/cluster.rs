@@ -137,8 +137,25 @@ pub fn start_agent(
         port.to_string(),
         "--root-dir".into(),
         path(&dir.join("root")),
+        // Its own proxy table, not the default one a cluster on this host may be using.
+        "--proxy-table".into(),
+        proxy_table(),
     ];
     Daemon::spawn(Path::new("/usr/bin/env"), &args, &dir.join("agent.log"))
+}
+
+/// The bench agent's nftables table (family `ip`), named after this process.
+pub fn proxy_table() -> String {
+    format!("berth-bench-{}", std::process::id())
+}
+
+/// Removes the bench agent's proxy table (the agent leaves its rules when it stops, as
+/// kube-proxy does).
+pub fn remove_proxy_table() {
+    let _ = std::process::Command::new("nft")
+        .args(["delete", "table", "ip", &proxy_table()])
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// Waits until the Node is registered with `Ready` true.

@@ -145,6 +145,7 @@ impl Session {
         }
         if let Some(mut agent) = self.agent.take() {
             agent.stop();
+            cluster::remove_proxy_table();
         }
         if let Some(mut runtime) = self.runtime.take() {
             match runtime.client.remove_all().await {
