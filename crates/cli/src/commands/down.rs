@@ -9,8 +9,8 @@
 //! `--stop-pods` on a cluster that is already down (containers kept running by an earlier
 //! `berth down`) starts the data dir's runtime alone for as long as it takes to stop and remove
 //! every pod. With `--stop-pods`, the pods' volumes left mounted under the agent's dir are
-//! unmounted and the bridge of the pod network `berth up` wrote goes too, once no pod is left on
-//! it.
+//! unmounted, the bridge of the pod network `berth up` wrote goes too, once no pod is left on
+//! it, and so do the Service proxy's table and the routes to other nodes' pods.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -77,6 +77,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         unmount_pod_volumes(&layout);
         remove_bridge(&layout);
         remove_service_rules(&layout).await;
+        remove_pod_routes().await;
         println!("berth is down; every pod was stopped and removed");
     } else {
         println!("berth is down; containers keep running and `berth up{}` picks them up again", layout.flag());
@@ -130,6 +131,16 @@ async fn remove_service_rules(layout: &Layout) {
     let table = layout.proxy_table();
     if let Err(e) = berth_proxy::remove_table(Path::new("nft"), &table).await {
         eprintln!("cannot remove the service proxy's nftables table {table}: {e}");
+    }
+}
+
+/// Removes the agent's routes to other nodes' pods (it leaves them when it stops, for the same
+/// reason as the proxy's table).
+async fn remove_pod_routes() {
+    match berth_agent::network::routes::remove_all_routes().await {
+        Ok(0) => {}
+        Ok(n) => println!("removed {n} route(s) to other nodes' pods"),
+        Err(e) => eprintln!("cannot remove the routes to other nodes' pods: {e}"),
     }
 }
 
