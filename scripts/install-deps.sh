@@ -8,7 +8,7 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config protobuf-compiler libprotobuf-dev   # building (protoc + well-known types)
   ca-certificates curl jq python3 iproute2 util-linux procps iptables
-  nftables kmod                                  # the Service proxy (nft; modprobe br_netfilter); nftables' service never starts here
+  nftables kmod conntrack                        # the Service proxy (nft; modprobe br_netfilter; stale UDP flows); nftables' service never starts here
   etcd-server etcd-client                        # the etcd store backend and its tests
   runc crun runsc containerd                     # OCI runtimes; containerd is the CRI peer
   containernetworking-plugins                    # CNI plugins in /usr/lib/cni

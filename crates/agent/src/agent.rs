@@ -197,7 +197,7 @@ async fn start_service_proxy(ctx: &Context, config: &Config) {
     let mut proxy = berth_proxy::Config::new(config.node_name.clone());
     proxy.table = config.proxy_table.clone();
     proxy.cluster_cidr = config.cluster_cidr;
-    for problem in berth_proxy::host::check(&proxy.nft).await {
+    for problem in berth_proxy::host::check(&proxy.nft, &proxy.conntrack).await {
         tracing::warn!(%problem, "service proxy: the host lacks something");
     }
     tracing::info!(table = %proxy.table, "service proxy: nftables");

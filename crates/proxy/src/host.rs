@@ -9,9 +9,9 @@ const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 /// bridge skips conntrack, so a connection through a Service between them never completes.
 const BRIDGE_NF_CALL_IPTABLES: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
 
-/// What is missing on this host, one sentence each; empty when all is well. `nft` is the binary
-/// the proxy runs.
-pub async fn check(nft: &Path) -> Vec<String> {
+/// What is missing on this host, one sentence each; empty when all is well. `nft` and
+/// `conntrack` are the binaries the proxy runs.
+pub async fn check(nft: &Path, conntrack: &Path) -> Vec<String> {
     let mut problems = Vec::new();
     match tokio::process::Command::new(nft).arg("--version").output().await {
         Ok(out) if out.status.success() => {}
@@ -24,6 +24,13 @@ pub async fn check(nft: &Path) -> Vec<String> {
             "cannot run {} ({e}): install nftables (apt-get install nftables) for the service proxy",
             nft.display()
         )),
+    }
+    if let Err(e) = tokio::process::Command::new(conntrack).arg("--version").output().await {
+        problems.push(format!(
+            "cannot run {} ({e}): install conntrack (apt-get install conntrack), or UDP clients of a Service \
+             keep sending to an endpoint that left until they pause",
+            conntrack.display()
+        ));
     }
     if !Path::new(BRIDGE_NF_CALL_IPTABLES).exists() {
         // A distribution kernel builds bridge netfilter as a module that nothing loads by itself.
@@ -77,8 +84,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_missing_nft_binary_is_named_with_how_to_install_it() {
-        let problems = check(Path::new("/nonexistent/nft")).await;
+    async fn missing_nft_and_conntrack_binaries_are_named_with_how_to_install_them() {
+        let problems = check(Path::new("/nonexistent/nft"), Path::new("/nonexistent/conntrack")).await;
         assert!(problems.iter().any(|p| p.contains("apt-get install nftables")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("apt-get install conntrack")), "{problems:?}");
     }
 }

@@ -3,8 +3,10 @@
 //! [`model`] reads what a Service serves, [`rules`] turns it into chains and map entries,
 //! [`table`] owns the table's fixed part and the `nft -j` commands, [`sync`] computes the one
 //! transaction that brings the kernel to the wanted state, [`proxier`] runs the watches and
-//! applies, and [`host`] checks the kernel settings the rules rely on.
+//! applies, [`conntrack`] drops the UDP flows a change leaves stale, and [`host`] checks the
+//! kernel settings the rules rely on.
 
+pub mod conntrack;
 pub mod host;
 pub mod model;
 pub mod proxier;

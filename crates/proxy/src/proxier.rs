@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::conntrack;
 use crate::model::{ServiceKey, service_ports};
 use crate::rules::{NodeNetwork, ServiceRules, service_rules};
 use crate::sync::Applied;
@@ -37,6 +38,8 @@ pub struct Config {
     pub table: String,
     /// The `nft` binary.
     pub nft: PathBuf,
+    /// The `conntrack` binary, which deletes UDP flows to endpoints that are gone.
+    pub conntrack: PathBuf,
     pub batch_delay: Duration,
     /// Every node's pods (kube-proxy's `--cluster-cidr`): what pods send elsewhere is masqueraded.
     pub cluster_cidr: Option<(Ipv4Addr, u8)>,
@@ -48,6 +51,7 @@ impl Config {
             node_name: node_name.into(),
             table: "berth".into(),
             nft: PathBuf::from("nft"),
+            conntrack: PathBuf::from("conntrack"),
             batch_delay: DEFAULT_BATCH_DELAY,
             cluster_cidr: None,
         }
@@ -312,10 +316,17 @@ async fn sync(
                 return (Ok(()), 0);
             }
             let count = changes.len();
+            let stale: Vec<_> =
+                changes.iter().flat_map(|(k, new)| conntrack::stale(current.get(k), new.as_ref())).collect();
             let result = apply(&config.nft, cmds).await;
             if result.is_ok() {
                 current.commit(changes);
                 current.set_net(state.net);
+                // Only once the rules changed: a packet before that would NAT to the old endpoint again.
+                if !stale.is_empty() {
+                    let program = config.conntrack.clone();
+                    tokio::spawn(async move { conntrack::clear(&program, &stale).await });
+                }
             } else {
                 *applied = None;
             }

@@ -22,6 +22,7 @@ use nftables::expr::{
 };
 use nftables::stmt::{JumpTarget, Match, NAT, Operator, Statement, VerdictMap};
 
+use crate::conntrack::{UdpFront, UdpFronts};
 use crate::model::{Endpoint, Protocol, ServicePort};
 
 /// One rule: its statements in order.
@@ -103,6 +104,9 @@ pub struct ServiceRules {
     pub sets: BTreeMap<String, u32>,
     /// Verdict map entries: each goes to a chain.
     pub elements: BTreeMap<(MapName, MapKey), String>,
+    /// For UDP ports: where clients reach the Service and the endpoints it may send them to
+    /// (whose stale conntrack entries go when that changes).
+    pub udp_fronts: UdpFronts,
 }
 
 /// The rules of a Service's ports.
@@ -176,6 +180,25 @@ fn add_port(out: &mut ServiceRules, port: &ServicePort, net: NodeNetwork) {
                 rules.extend(pick(&id, port, &external));
             }
             out.chains.insert(external_chain, rules);
+        }
+    }
+
+    if proto == Protocol::Udp {
+        let addresses = |eps: &[&Endpoint]| eps.iter().map(|e| e.ip).collect::<std::collections::BTreeSet<_>>();
+        // With `externalTrafficPolicy: Local`, the node's own clients may go to any endpoint.
+        let external_reach = if port.external_local {
+            addresses(&cluster).union(&addresses(&external)).copied().collect()
+        } else {
+            addresses(&external)
+        };
+        for ip in &port.cluster_ips {
+            out.udp_fronts.insert(UdpFront::Address(*ip, svc_port), addresses(&cluster));
+        }
+        for ip in &port.external_ips {
+            out.udp_fronts.insert(UdpFront::Address(*ip, svc_port), external_reach.clone());
+        }
+        if let Some(node_port) = port.node_port {
+            out.udp_fronts.insert(UdpFront::NodePort(node_port), external_reach.clone());
         }
     }
 

@@ -3,12 +3,13 @@
 //! `nft`. Needs root and nftables.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use berth_proxy::conntrack;
 use berth_proxy::model::{Endpoint, Protocol, ServiceKey, ServicePort};
 use berth_proxy::rules::{NodeNetwork, ServiceRules, service_rules};
 use berth_proxy::sync::Applied;
@@ -30,6 +31,8 @@ struct Host {
     pods: String,
     /// A wrapper that runs nft inside the node namespace.
     nft: PathBuf,
+    /// The same for conntrack.
+    conntrack: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -58,10 +61,14 @@ impl Host {
             .unwrap();
         assert!(forward.success());
         let dir = tempfile::tempdir().unwrap();
-        let nft = dir.path().join("nft");
-        std::fs::write(&nft, format!("#!/bin/sh\nexec ip netns exec {node} nft \"$@\"\n")).unwrap();
-        std::process::Command::new("chmod").arg("+x").arg(&nft).status().unwrap();
-        Host { node, pods, nft, _dir: dir }
+        let wrapper = |program: &str| {
+            let path = dir.path().join(program);
+            std::fs::write(&path, format!("#!/bin/sh\nexec ip netns exec {node} {program} \"$@\"\n")).unwrap();
+            std::process::Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+            path
+        };
+        let (nft, conntrack) = (wrapper("nft"), wrapper("conntrack"));
+        Host { node, pods, nft, conntrack, _dir: dir }
     }
 
     /// Runs `f` on a thread inside namespace `name`.
@@ -83,6 +90,34 @@ impl Host {
                 }
             });
         }
+    }
+
+    /// A UDP server on each pod address that answers every datagram with its own address.
+    fn serve_pods_udp(&self) {
+        for addr in [POD_A, POD_B] {
+            let socket = Host::within(&self.pods, move || UdpSocket::bind((addr, 5353)).unwrap()).join().unwrap();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                while let Ok((_, from)) = socket.recv_from(&mut buf) {
+                    let _ = socket.send_to(addr.to_string().as_bytes(), from);
+                }
+            });
+        }
+    }
+
+    /// Sends one datagram from the node namespace's port `from_port` (the same flow each time)
+    /// and reads the answering pod's address.
+    fn ask_udp(&self, to: SocketAddr, from_port: u16) -> std::io::Result<String> {
+        Host::within(&self.node, move || {
+            let socket = UdpSocket::bind((NODE_IP, from_port))?;
+            socket.set_read_timeout(Some(Duration::from_secs(3)))?;
+            socket.send_to(b"who", to)?;
+            let mut buf = [0u8; 64];
+            let n = socket.recv(&mut buf)?;
+            Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+        .join()
+        .unwrap()
     }
 
     /// Connects from the node namespace (or the pods one) and reads the answering pod's address.
@@ -216,4 +251,34 @@ async fn client_ip_affinity_sticks_and_a_pod_reaches_itself_through_its_service(
     change(&host, &table, &mut applied, Some(rules(port(&[POD_A])))).await;
     let answer = host.connect_from(&host.pods, service).expect("hairpin works");
     assert_eq!(answer, POD_A.to_string());
+}
+
+#[tokio::test]
+async fn a_udp_client_moves_off_an_endpoint_that_left_once_its_stale_flows_are_cleared() {
+    let host = Host::new("c");
+    host.serve_pods_udp();
+    let table = Table::new("berth-test");
+    let service = SocketAddr::from((CLUSTER_IP, 53));
+    let dns = |endpoints: &[Ipv4Addr]| {
+        let mut p = port(endpoints);
+        (p.protocol, p.port, p.node_port) = (Protocol::Udp, 53, None);
+        p.endpoints.iter_mut().for_each(|e| e.port = 5353);
+        rules(p)
+    };
+    let all = [(ServiceKey::new("default", "web"), dns(&[POD_A]))].into_iter().collect();
+    let (cmds, mut applied) = Applied::rebuild(&table, all);
+    berth_proxy::apply(&host.nft, cmds).await.unwrap();
+    assert_eq!(host.ask_udp(service, 40053).unwrap(), POD_A.to_string());
+
+    let (old, new) = (dns(&[POD_A]), dns(&[POD_B]));
+    change(&host, &table, &mut applied, Some(new.clone())).await;
+    assert_eq!(
+        host.ask_udp(service, 40053).unwrap(),
+        POD_A.to_string(),
+        "the rules alone leave the flow on the endpoint that left"
+    );
+    let stale = conntrack::stale(Some(&old), Some(&new));
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    conntrack::clear(&host.conntrack, &stale).await;
+    assert_eq!(host.ask_udp(service, 40053).unwrap(), POD_B.to_string(), "the same flow goes to the endpoint left");
 }
