@@ -75,6 +75,10 @@ pub struct NodeInfo {
     /// [`crate::framework::Snapshot::handler_bits`]); `None` when it reports none at all (every
     /// handler) or names one that has no bit.
     pub handler_mask: Option<u64>,
+    /// Pods on the node that are not terminating, per controlling owner's UID: the default
+    /// spreading constraints count these on every node for every controlled pod scheduled, so
+    /// a lookup here replaces a pass over the node's pods.
+    pub controller_pods: HashMap<String, u32>,
 }
 
 impl NodeInfo {
@@ -92,7 +96,15 @@ impl NodeInfo {
         self.used_ports.extend(pod.host_ports.iter().cloned());
         self.pods_with_affinity += usize::from(pod.has_affinity());
         self.pods_with_required_anti_affinity += usize::from(pod.has_required_anti_affinity());
+        if let Some(owner) = pod.controller_uid.as_ref().filter(|_| !pod.terminating) {
+            *self.controller_pods.entry(owner.clone()).or_default() += 1;
+        }
         self.pods.push(pod);
+    }
+
+    /// Non-terminating pods on the node controlled by `owner`.
+    pub fn pods_of_controller(&self, owner: &str) -> u32 {
+        self.controller_pods.get(owner).copied().unwrap_or(0)
     }
 
     /// Removes the pod with this UID; false if it was not here.
@@ -108,6 +120,14 @@ impl NodeInfo {
         }
         self.pods_with_affinity -= usize::from(pod.has_affinity());
         self.pods_with_required_anti_affinity -= usize::from(pod.has_required_anti_affinity());
+        if let Some(owner) = pod.controller_uid.as_ref().filter(|_| !pod.terminating)
+            && let Some(n) = self.controller_pods.get_mut(owner)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.controller_pods.remove(owner);
+            }
+        }
         true
     }
 }
@@ -148,6 +168,30 @@ mod tests {
         assert!(n.supports_handler("gvisor"));
         assert_eq!(n.allowed_pods, 110);
         assert_eq!(n.allocatable.milli_cpu, 1000);
+    }
+
+    #[test]
+    fn pods_of_a_controller_are_counted_per_node_without_the_terminating_ones() {
+        let mut info = NodeInfo::new(NodeSpec::default());
+        let pod = |uid: &str, owner: Option<&str>, terminating: bool| {
+            Arc::new(PodInfo {
+                uid: uid.into(),
+                controller_uid: owner.map(str::to_string),
+                terminating,
+                ..Default::default()
+            })
+        };
+        info.add_pod(pod("a", Some("rs1"), false));
+        info.add_pod(pod("b", Some("rs1"), false));
+        info.add_pod(pod("c", Some("rs1"), true));
+        info.add_pod(pod("d", Some("rs2"), false));
+        info.add_pod(pod("e", None, false));
+        assert_eq!((info.pods_of_controller("rs1"), info.pods_of_controller("rs2")), (2, 1));
+        info.remove_pod("a");
+        info.remove_pod("c");
+        info.remove_pod("d");
+        assert_eq!((info.pods_of_controller("rs1"), info.pods_of_controller("rs2")), (1, 0));
+        assert_eq!(info.controller_pods.len(), 1, "an owner without pods here leaves no entry");
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! affinity honoured, taints ignored, unless the constraint says otherwise.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
 
 use crate::framework::{FilterResult, MAX_NODE_SCORE, Rejection, Snapshot};
 use crate::node_info::{NodeInfo, NodeSpec};
@@ -45,11 +44,15 @@ pub fn default_constraints(pod: &PodInfo) -> Vec<SpreadConstraint> {
 
 /// Kubernetes' `countPodsMatchSelector`: pods of `namespace`, not terminating, that the selector
 /// matches. An empty label selector counts no pod there (it selects everything elsewhere).
-fn count_matching(selector: &PodMatcher, pods: &[Arc<PodInfo>], namespace: &str) -> i64 {
-    if matches!(selector, PodMatcher::Labels(s) if s.is_empty()) {
-        return 0;
+/// A controller's pods share its namespace, so those are counted by the node without a pass over
+/// its pods.
+fn count_matching(selector: &PodMatcher, node: &NodeInfo, namespace: &str) -> i64 {
+    match selector {
+        PodMatcher::Labels(s) if s.is_empty() => 0,
+        PodMatcher::Controller(owner) => i64::from(node.pods_of_controller(owner)),
+        _ => node.pods.iter().filter(|p| !p.terminating && p.namespace == namespace && selector.matches(p)).count()
+            as i64,
     }
-    pods.iter().filter(|p| !p.terminating && p.namespace == namespace && selector.matches(p)).count() as i64
 }
 
 fn has_all_keys(labels: &BTreeMap<String, String>, constraints: &[SpreadConstraint]) -> bool {
@@ -110,7 +113,7 @@ impl Filter {
                     continue;
                 }
                 let value = labels.get(&c.topology_key).cloned().unwrap_or_default();
-                *counts.entry(value).or_default() += count_matching(&c.selector, &node.pods, &pod.namespace);
+                *counts.entry(value).or_default() += count_matching(&c.selector, node, &pod.namespace);
             }
         }
         let min_match = constraints
@@ -222,7 +225,7 @@ impl Score {
                 }
                 let value = labels.get(&c.topology_key).map_or("", String::as_str);
                 if let Some(n) = domain.get_mut(value) {
-                    *n += count_matching(&c.selector, &node.pods, &pod.namespace);
+                    *n += count_matching(&c.selector, node, &pod.namespace);
                 }
             }
         }
@@ -239,7 +242,7 @@ impl Score {
         for ((c, domain), weight) in self.constraints.iter().zip(&self.counts).zip(&self.weights) {
             let Some(value) = node.node.labels.get(&c.topology_key) else { continue };
             let count = if c.topology_key == LABEL_HOSTNAME {
-                count_matching(&c.selector, &node.pods, &self.namespace)
+                count_matching(&c.selector, node, &self.namespace)
             } else {
                 domain.get(value).copied().unwrap_or(0)
             };
@@ -275,6 +278,7 @@ mod tests {
 
     use super::*;
     use crate::taints::Taint;
+    use std::sync::Arc;
 
     const HOST: &str = LABEL_HOSTNAME;
     const ZONE: &str = LABEL_ZONE;
