@@ -342,19 +342,24 @@ async fn sync(
 }
 
 /// Applies incremental `commands` as one netlink batch (through `nft` when one of them has no
-/// netlink encoding). The socket is opened on first use, and again after a failure.
+/// netlink encoding, or no socket opens). The socket is opened on first use (in the calling
+/// thread's network namespace), and again after a failure.
 pub async fn apply_changes(
     socket: &mut Option<Netlink>,
     nft: &std::path::Path,
     table: &Table,
     commands: Vec<Command>,
 ) -> Result<(), ProxyError> {
-    let mut netlink = match socket.take() {
-        Some(s) => s,
-        None => Netlink::open()?,
+    let netlink = match socket.take().map_or_else(Netlink::open, Ok) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "service proxy: no netlink socket; the change goes through nft");
+            return apply(nft, commands.iter().map(|c| c.json(table)).collect()).await;
+        }
     };
     let name = table.name.clone();
     let (netlink, commands, result) = tokio::task::spawn_blocking(move || {
+        let mut netlink = netlink;
         let result = netlink.apply(&name, &commands);
         (netlink, commands, result)
     })

@@ -13,6 +13,7 @@ use std::time::Duration;
 use berth_proxy::command::Command as Step;
 use berth_proxy::model::{Endpoint, Protocol, ServiceKey, ServicePort};
 use berth_proxy::netlink::Netlink;
+use berth_proxy::proxier::apply_changes;
 use berth_proxy::rules::{NodeNetwork, ServiceRules, service_rules};
 use berth_proxy::sync::Applied;
 use berth_proxy::table::Table;
@@ -372,4 +373,32 @@ async fn a_refused_batch_names_the_step_and_its_errno_and_changes_nothing() {
     assert!(!host.ruleset().contains("new-chain"), "the batch is all or nothing:\n{}", host.ruleset());
     host.batch(&table, &[Step::AddChain("new-chain".into())]).expect("the socket serves the next batch");
     assert!(host.ruleset().contains("new-chain"));
+}
+
+#[test]
+fn a_step_without_a_netlink_encoding_goes_through_nft_and_the_socket_is_kept() {
+    let host = Host::new("f");
+    let nft = host.nft.clone();
+    let kept = Host::within(&host.node, move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let table = Table::new("berth-test");
+            let (cmds, _) = Applied::rebuild(&table, Default::default());
+            berth_proxy::apply(&nft, cmds).await.unwrap();
+            let mut socket = None;
+            let odd = vec![
+                Step::AddChain("odd".into()),
+                Step::AddRule("odd".into(), vec![nftables::stmt::Statement::Reject(None)]),
+            ];
+            apply_changes(&mut socket, &nft, &table, odd).await.expect("nft takes what netlink cannot write");
+            let kept = socket.is_some();
+            apply_changes(&mut socket, &nft, &table, vec![Step::AddChain("plain".into())]).await.unwrap();
+            kept
+        })
+    })
+    .join()
+    .unwrap();
+    assert!(kept, "the socket stays open");
+    let ruleset = host.ruleset();
+    assert!(ruleset.contains("chain odd {\n\t\treject") && ruleset.contains("chain plain"), "{ruleset}");
 }

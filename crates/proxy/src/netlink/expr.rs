@@ -8,6 +8,8 @@ use std::net::Ipv4Addr;
 use nftables::expr::{Expression, FibFlag, FibResult, MetaKey, NamedExpression, NgMode, Payload, SetItem, Verdict};
 use nftables::stmt::{Operator, SetOp, Statement};
 
+use crate::model::Protocol;
+
 /// The first data register (`NFT_REG_1`); the DNAT port goes to the second.
 pub const REG_1: u32 = 1;
 pub const REG_2: u32 = 2;
@@ -219,12 +221,10 @@ fn matches(out: &mut Encoded, left: &Expression<'_>, right: &Expression<'_>, op:
     }
     let data = match loaded {
         Loaded::Address => text.parse::<Ipv4Addr>().map_err(|_| unsupported(text))?.octets().to_vec(),
-        Loaded::L4proto => vec![match text.as_ref() {
-            "tcp" => 6,
-            "udp" => 17,
-            "sctp" => 132,
-            _ => return Err(unsupported(text)),
-        }],
+        Loaded::L4proto => {
+            let known = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp].into_iter().find(|p| p.as_str() == text);
+            vec![known.ok_or_else(|| unsupported(text))?.number()]
+        }
         Loaded::FibType if text == "local" => RTN_LOCAL.to_ne_bytes().to_vec(),
         Loaded::FibType => return Err(unsupported(text)),
     };
@@ -258,6 +258,65 @@ mod tests {
                 Expr::Verdict(Jump::Goto("s".into())),
             ]
         );
+    }
+
+    #[test]
+    fn every_rule_a_service_can_have_is_encodable() {
+        use crate::model::{Endpoint, Protocol, ServiceKey, ServicePort};
+        use crate::rules::{NodeNetwork, service_rules};
+        let endpoint = |last: u8, local| Endpoint { ip: Ipv4Addr::new(10, 244, 0, last), port: 8080, local };
+        let mut kinds = std::collections::BTreeSet::new();
+        let mut rules = 0;
+        for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+            for endpoints in [vec![], vec![endpoint(2, true)], vec![endpoint(2, false), endpoint(3, true)]] {
+                for (affinity, external_local, internal_local, exposed) in
+                    (0..16).map(|b| (b & 1 != 0, b & 2 != 0, b & 4 != 0, b & 8 != 0))
+                {
+                    let port = ServicePort {
+                        service: ServiceKey::new("ns", "web"),
+                        name: "http".into(),
+                        protocol,
+                        port: 80,
+                        cluster_ips: vec![Ipv4Addr::new(10, 96, 0, 5)],
+                        external_ips: if exposed { vec![Ipv4Addr::new(192, 0, 2, 1)] } else { vec![] },
+                        node_port: exposed.then_some(30080),
+                        affinity_timeout: affinity.then_some(60),
+                        external_local,
+                        internal_local,
+                        endpoints: endpoints.clone(),
+                    };
+                    for pod_cidr in [None, Some((Ipv4Addr::new(10, 244, 0, 0), 20))] {
+                        let net = NodeNetwork { pod_cidr, cluster_cidr: None };
+                        for rule in service_rules(std::slice::from_ref(&port), net).chains.values().flatten() {
+                            let encoded = encode(rule).unwrap_or_else(|e| panic!("{e}"));
+                            kinds.extend(
+                                encoded
+                                    .exprs
+                                    .iter()
+                                    .map(|e| format!("{e:?}").split([' ', '(']).next().unwrap().to_string()),
+                            );
+                            rules += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(rules > 1000, "{rules}");
+        let expected = [
+            "Cmp",
+            "Dnat",
+            "FibType",
+            "Immediate",
+            "Lookup",
+            "Mask",
+            "MetaL4proto",
+            "NumgenRandom",
+            "Payload",
+            "Update",
+            "Verdict",
+            "Vmap",
+        ];
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), expected, "every expression kind was exercised");
     }
 
     #[test]
