@@ -50,7 +50,8 @@ impl fmt::Display for Command {
             Command::FlushChain(name) => write!(f, "flush chain {name}"),
             Command::DeleteChain(name) => write!(f, "delete chain {name}"),
             Command::AddRule(chain, rule) => {
-                write!(f, "add rule {chain} ({} statements)", rule.len())
+                let statements = serde_json::to_string(rule).unwrap_or_default();
+                write!(f, "add rule {chain} {statements}")
             }
             Command::AddSet(name, timeout) => write!(f, "add set {name} (timeout {timeout}s)"),
             Command::DeleteSet(name) => write!(f, "delete set {name}"),

@@ -39,7 +39,8 @@ pub struct Config {
     pub node_name: String,
     /// The nftables table (family `ip`) the proxy owns.
     pub table: String,
-    /// The `nft` binary.
+    /// The `nft` binary, for the whole table (changes go to the kernel through netlink, in the
+    /// proxy's own network namespace).
     pub nft: PathBuf,
     pub batch_delay: Duration,
     /// Every node's pods (kube-proxy's `--cluster-cidr`): what pods send elsewhere is masqueraded.

@@ -402,3 +402,27 @@ fn a_step_without_a_netlink_encoding_goes_through_nft_and_the_socket_is_kept() {
     let ruleset = host.ruleset();
     assert!(ruleset.contains("chain odd {\n\t\treject") && ruleset.contains("chain plain"), "{ruleset}");
 }
+
+#[tokio::test]
+async fn thousands_of_services_fit_in_one_acknowledged_batch() {
+    let host = Host::new("g");
+    let table = Table::new("berth-test");
+    let (cmds, mut applied) = Applied::rebuild(&table, Default::default());
+    berth_proxy::apply(&host.nft, cmds).await.unwrap();
+    let changes: Vec<_> = (0..2000u32)
+        .map(|i| {
+            let mut p = port(&[POD_A, POD_B]);
+            p.service = ServiceKey::new("many", &format!("svc-{i}"));
+            p.cluster_ips = vec![Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 97, 0, 0)) + i)];
+            p.node_port = None;
+            (p.service.clone(), Some(rules(p)))
+        })
+        .collect();
+    let steps = applied.changes(&changes);
+    assert!(steps.len() > 15_000, "{}", steps.len());
+    host.batch(&table, &steps).expect("the kernel acknowledges every message");
+    applied.commit(changes);
+    let (text, _) = listing(&host, &table);
+    assert_eq!(text.matches("chain service-many/").count(), 2000);
+    assert_eq!(text.matches("numgen random mod 2 vmap").count(), 2000);
+}
