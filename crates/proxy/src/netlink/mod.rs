@@ -124,6 +124,10 @@ impl Netlink {
             let n =
                 recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(failed("read the kernel's answers"))?;
             for (seq, errno) in answers(&buf[..n]) {
+                // A refused begin message means the kernel skipped the whole batch.
+                if let (true, Some(errno)) = (seq == first.wrapping_sub(1), errno) {
+                    return Err(ProxyError::Kernel { command: "begin the batch".into(), errno });
+                }
                 let Some(slot) = answered.get_mut(seq.wrapping_sub(first) as usize) else { continue };
                 if !*slot {
                     *slot = true;
