@@ -7,7 +7,7 @@
 //! this module owns the socket.
 
 pub mod expr;
-pub mod message;
+mod message;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
