@@ -45,6 +45,15 @@ impl Protocol {
             Protocol::Sctp => "sctp",
         }
     }
+
+    /// The IP protocol number (`meta l4proto`).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
 }
 
 /// A Service, by namespace and name.

@@ -1,7 +1,9 @@
 //! The proxy's loop: watches Services, EndpointSlices and its own Node, and after each burst of
-//! changes applies one `nft` transaction holding only what changed for the Services touched.
-//! Nothing is applied before both lists are complete, so a restart never rejects a Service that
-//! still has endpoints. A failed transaction makes the next one rebuild the whole table.
+//! changes applies one transaction holding only what changed for the Services touched, as a
+//! netlink batch ([`crate::netlink`]). The whole table is (re)built through `nft`, as is a change
+//! of the node's pod range. Nothing is applied before both lists are complete, so a restart never
+//! rejects a Service that still has endpoints. A failed transaction makes the next one rebuild
+//! the whole table.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
@@ -17,8 +19,10 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::command::Command;
 use crate::conntrack;
 use crate::model::{ServiceKey, service_ports};
+use crate::netlink::Netlink;
 use crate::rules::{NodeNetwork, ServiceRules, service_rules};
 use crate::sync::Applied;
 use crate::table::{Table, document};
@@ -36,7 +40,8 @@ pub struct Config {
     pub node_name: String,
     /// The nftables table (family `ip`) the proxy owns.
     pub table: String,
-    /// The `nft` binary.
+    /// The `nft` binary, for the whole table (changes go to the kernel through netlink, in the
+    /// proxy's own network namespace).
     pub nft: PathBuf,
     /// The `conntrack` binary, which deletes UDP flows to endpoints that are gone.
     pub conntrack: PathBuf,
@@ -64,6 +69,12 @@ pub enum ProxyError {
     Exec { program: String, source: std::io::Error },
     #[error("{program} refused the transaction: {stderr}")]
     Refused { program: String, stderr: String },
+    #[error("netlink: cannot {action}: {source}")]
+    Netlink { action: &'static str, source: nix::errno::Errno },
+    #[error("the kernel refused the transaction at `{command}`: {errno} ({})", errno.desc())]
+    Kernel { command: String, errno: nix::errno::Errno },
+    #[error(transparent)]
+    Unsupported(#[from] crate::netlink::expr::Unsupported),
 }
 
 /// Runs `commands` as one `nft -j -f -` transaction.
@@ -237,6 +248,7 @@ pub async fn run(client: kube::Client, config: Config) {
     let mut state =
         State { net: NodeNetwork { pod_cidr: None, cluster_cidr: config.cluster_cidr }, ..State::default() };
     let mut applied: Option<Applied> = None;
+    let mut socket: Option<Netlink> = None;
     let mut due: Option<Instant> = None;
     let mut retry_delay = Duration::from_secs(1);
     loop {
@@ -260,7 +272,7 @@ pub async fn run(client: kube::Client, config: Config) {
             () = wait => {
                 due = None;
                 let started = Instant::now();
-                let (result, count) = sync(&config, &table, &mut state, &mut applied).await;
+                let (result, count) = sync(&config, &table, &mut state, &mut applied, &mut socket).await;
                 match result {
                     Ok(()) => {
                         retry_delay = Duration::from_secs(1);
@@ -285,6 +297,7 @@ async fn sync(
     table: &Table,
     state: &mut State,
     applied: &mut Option<Applied>,
+    socket: &mut Option<Netlink>,
 ) -> (Result<(), ProxyError>, usize) {
     let dirty = std::mem::take(&mut state.dirty);
     match applied {
@@ -307,18 +320,23 @@ async fn sync(
         }
         Some(current) => {
             let changes: Vec<_> = dirty.iter().map(|k| (k.clone(), state.rules_of(k, &config.node_name))).collect();
-            let mut cmds = current.changes(table, &changes);
-            if current.net() != state.net {
-                cmds.extend(table.pod_egress(state.net));
-            }
-            if cmds.is_empty() {
+            let cmds = current.changes(&changes);
+            let net_changed = current.net() != state.net;
+            if cmds.is_empty() && !net_changed {
                 current.commit(changes);
                 return (Ok(()), 0);
             }
             let count = changes.len();
             let stale: Vec<_> =
                 changes.iter().flat_map(|(k, new)| conntrack::stale(current.get(k), new.as_ref())).collect();
-            let result = apply(&config.nft, cmds).await;
+            let result = if net_changed {
+                // Rare: the pod-egress rule is rewritten through nft, with the rest.
+                let mut json: Vec<Value> = cmds.iter().map(|c| c.json(table)).collect();
+                json.extend(table.pod_egress(state.net));
+                apply(&config.nft, json).await
+            } else {
+                apply_changes(socket, &config.nft, table, cmds).await
+            };
             if result.is_ok() {
                 current.commit(changes);
                 current.set_net(state.net);
@@ -332,5 +350,43 @@ async fn sync(
             }
             (result, count)
         }
+    }
+}
+
+/// Applies incremental `commands` as one netlink batch (through `nft` when one of them has no
+/// netlink encoding, or no socket opens). The socket is opened on first use (in the calling
+/// thread's network namespace), and again after a failure.
+pub async fn apply_changes(
+    socket: &mut Option<Netlink>,
+    nft: &std::path::Path,
+    table: &Table,
+    commands: Vec<Command>,
+) -> Result<(), ProxyError> {
+    let netlink = match socket.take().map_or_else(Netlink::open, Ok) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "service proxy: no netlink socket; the change goes through nft");
+            return apply(nft, commands.iter().map(|c| c.json(table)).collect()).await;
+        }
+    };
+    let name = table.name.clone();
+    let (netlink, commands, result) = tokio::task::spawn_blocking(move || {
+        let mut netlink = netlink;
+        let result = netlink.apply(&name, &commands);
+        (netlink, commands, result)
+    })
+    .await
+    .expect("the netlink batch does not panic");
+    match result {
+        Ok(()) => {
+            *socket = Some(netlink);
+            Ok(())
+        }
+        Err(ProxyError::Unsupported(e)) => {
+            *socket = Some(netlink);
+            tracing::debug!(error = %e, "service proxy: change applied through nft");
+            apply(nft, commands.iter().map(|c| c.json(table)).collect()).await
+        }
+        Err(e) => Err(e),
     }
 }

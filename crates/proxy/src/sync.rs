@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 
+use crate::command::Command;
 use crate::model::ServiceKey;
 use crate::rules::{MapKey, MapName, NodeNetwork, ServiceRules};
 use crate::table::Table;
@@ -41,7 +42,7 @@ impl Applied {
         let mut cmds = table.recreate();
         let empty = Applied::default();
         let changes: Vec<_> = all.into_iter().map(|(k, r)| (k, Some(r))).collect();
-        cmds.extend(empty.changes(table, &changes));
+        cmds.extend(empty.changes(&changes).iter().map(|c| c.json(table)));
         let mut applied = empty;
         applied.commit(changes);
         (cmds, applied)
@@ -51,7 +52,7 @@ impl Applied {
     /// (`None`: the Service is gone), in an order the kernel accepts in one transaction: new
     /// sets and chains exist before anything refers to them, and chains and sets are deleted
     /// only once nothing refers to them.
-    pub fn changes(&self, table: &Table, changes: &[(ServiceKey, Option<ServiceRules>)]) -> Vec<Value> {
+    pub fn changes(&self, changes: &[(ServiceKey, Option<ServiceRules>)]) -> Vec<Command> {
         let empty = ServiceRules::default();
         let mut add_sets = Vec::new();
         let mut delete_sets = Vec::new();
@@ -70,32 +71,32 @@ impl Applied {
             let new = new.as_ref().unwrap_or(&empty);
             for (name, timeout) in &new.sets {
                 match old.sets.get(name) {
-                    None => add_sets.push(table.add_affinity_set(name, *timeout)),
+                    None => add_sets.push(Command::AddSet(name.clone(), *timeout)),
                     Some(t) if t != timeout => {
-                        delete_sets.push(table.delete_set(name));
-                        delete_sets.push(table.add_affinity_set(name, *timeout));
+                        delete_sets.push(Command::DeleteSet(name.clone()));
+                        delete_sets.push(Command::AddSet(name.clone(), *timeout));
                     }
                     Some(_) => {}
                 }
             }
             for name in old.sets.keys().filter(|n| !new.sets.contains_key(*n)) {
-                delete_sets.push(table.delete_set(name));
+                delete_sets.push(Command::DeleteSet(name.clone()));
             }
             for (name, chain_rules) in &new.chains {
                 match old.chains.get(name) {
-                    None => add_chains.push(table.add_chain(name)),
+                    None => add_chains.push(Command::AddChain(name.clone())),
                     Some(old_rules) if old_rules == chain_rules => continue,
-                    Some(_) => flush_chains.push(table.flush_chain(name)),
+                    Some(_) => flush_chains.push(Command::FlushChain(name.clone())),
                 }
-                rules.extend(chain_rules.iter().map(|r| table.add_rule(name, r)));
+                rules.extend(chain_rules.iter().map(|r| Command::AddRule(name.clone(), r.clone())));
             }
             for name in old.chains.keys().filter(|n| !new.chains.contains_key(*n)) {
-                flush_chains.push(table.flush_chain(name));
-                delete_chains.push(table.delete_chain(name));
+                flush_chains.push(Command::FlushChain(name.clone()));
+                delete_chains.push(Command::DeleteChain(name.clone()));
             }
             for (entry, target) in &old.elements {
                 if new.elements.get(entry) != Some(target) && self.owners.get(entry) == Some(key) {
-                    delete_elements.push(table.delete_element(entry.0, &entry.1));
+                    delete_elements.push(Command::DeleteElement(entry.0, entry.1.clone()));
                     freed.insert(entry.clone());
                 }
             }
@@ -104,7 +105,7 @@ impl Applied {
                 let unchanged = owner == Some(key) && old.elements.get(entry) == Some(target);
                 let free = owner.is_none() || owner == Some(key) || freed.contains(entry);
                 if !unchanged && free && taken.insert(entry.clone()) {
-                    add_elements.push(table.add_element(entry.0, &entry.1, target));
+                    add_elements.push(Command::AddElement(entry.0, entry.1.clone(), target.clone()));
                 }
             }
         }
@@ -167,8 +168,11 @@ mod tests {
         service_rules(&[port], NodeNetwork::default())
     }
 
-    fn verbs(cmds: &[Value]) -> Vec<String> {
+    /// The steps as their JSON commands' verb, kind and name.
+    fn verbs(cmds: &[Command]) -> Vec<String> {
+        let table = Table::new("t");
         cmds.iter()
+            .map(|c| c.json(&table))
             .map(|c| {
                 let (verb, body) = c.as_object().unwrap().iter().next().unwrap();
                 let (kind, obj) = body.as_object().unwrap().iter().next().unwrap();
@@ -183,7 +187,7 @@ mod tests {
         let key = ServiceKey::new("ns", "web");
         let mut applied = Applied::default();
         applied.commit(vec![(key.clone(), Some(rules(&["10.244.0.2"])))]);
-        assert!(applied.changes(&Table::new("t"), &[(key, Some(rules(&["10.244.0.2"])))]).is_empty());
+        assert!(applied.changes(&[(key, Some(rules(&["10.244.0.2"])))]).is_empty());
     }
 
     #[test]
@@ -191,7 +195,7 @@ mod tests {
         let key = ServiceKey::new("ns", "web");
         let mut applied = Applied::default();
         applied.commit(vec![(key.clone(), Some(rules(&["10.244.0.2"])))]);
-        let cmds = applied.changes(&Table::new("t"), &[(key, Some(rules(&["10.244.0.2", "10.244.0.3"])))]);
+        let cmds = applied.changes(&[(key, Some(rules(&["10.244.0.2", "10.244.0.3"])))]);
         assert_eq!(
             verbs(&cmds),
             [
@@ -210,7 +214,7 @@ mod tests {
         let key = ServiceKey::new("ns", "web");
         let mut applied = Applied::default();
         applied.commit(vec![(key.clone(), Some(rules(&["10.244.0.2"])))]);
-        let cmds = applied.changes(&Table::new("t"), &[(key, Some(rules(&[])))]);
+        let cmds = applied.changes(&[(key, Some(rules(&[])))]);
         assert_eq!(
             verbs(&cmds),
             [
@@ -229,10 +233,10 @@ mod tests {
         let (a, b) = (ServiceKey::new("ns", "a"), ServiceKey::new("ns", "b"));
         let mut applied = Applied::default();
         applied.commit(vec![(a.clone(), Some(rules(&["10.244.0.2"])))]);
-        let clash = applied.changes(&Table::new("t"), &[(b.clone(), Some(rules(&["10.244.0.2"])))]);
+        let clash = applied.changes(&[(b.clone(), Some(rules(&["10.244.0.2"])))]);
         assert!(!verbs(&clash).iter().any(|v| v.contains("element")), "{clash:?}");
         applied.commit(vec![(b.clone(), Some(rules(&["10.244.0.2"])))]);
-        let handover = applied.changes(&Table::new("t"), &[(a.clone(), None), (b, Some(rules(&["10.244.0.2"])))]);
+        let handover = applied.changes(&[(a.clone(), None), (b, Some(rules(&["10.244.0.2"])))]);
         let v = verbs(&handover);
         assert!(
             v.contains(&"delete element service-ips".to_string()) && v.contains(&"add element service-ips".to_string()),

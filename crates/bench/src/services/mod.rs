@@ -3,7 +3,8 @@
 //!
 //! 1. **Rule sync at scale** (no cluster): synthetic Services of two endpoints each, their rules
 //!    applied by `berth_proxy` inside a throwaway network namespace: the full table (computing
-//!    the rules and the `nft` transaction timed apart) and one endpoint change at that size;
+//!    the rules and the `nft` transaction timed apart) and one endpoint change at that size (one
+//!    netlink batch, as the proxy applies changes; the same changes through `nft -j` beside it);
 //!    floors: the same table loaded from its text form by one `nft -f`, and one `nft -f` that
 //!    adds one element to a small set (one nft process and a trivial transaction).
 //! 2. **Service created → first connection** (`--kubeconfig`): one backend pod, then Services

@@ -82,11 +82,13 @@ impl Report {
             row("full apply: total", &r.full_total, Some(&r.full_floor));
             row("  floor: `nft -f` of the same table as text", &r.full_floor, None);
             row("one endpoint change: compute", &r.change_compute, None);
-            row("one endpoint change: nft", &r.change_nft, None);
+            row("one endpoint change: kernel (one netlink batch)", &r.change_kernel, None);
             row("one endpoint change: total", &r.change_total, Some(&r.change_floor));
             row("  floor: `nft -f` adding one element to a small set", &r.change_floor, None);
+            row("  same-size change via nft -j (berth_proxy::apply)", &r.change_json, None);
             row("  at full size: one map element, berth_proxy::apply", &r.element_json, None);
             row("  at full size: one map element, `nft -f` (text)", &r.element_text, None);
+            row("  at full size: one map element, netlink batch", &r.element_netlink, None);
             if let Some(p99) = p(&r.change_total, 0.99) {
                 let verdict = if p99 <= CHANGE_TARGET_MS { "within" } else { "OVER" };
                 println!(
@@ -159,7 +161,8 @@ impl Report {
                 "services": r.services, "commands": r.commands, "text_lines": r.text_lines, "text_bytes": r.text_bytes,
                 "full_compute": lat_json(&r.full_compute), "full_nft": lat_json(&r.full_nft),
                 "full_total": lat_json(&r.full_total), "full_floor": lat_json(&r.full_floor),
-                "change_compute": lat_json(&r.change_compute), "change_nft": lat_json(&r.change_nft),
+                "change_compute": lat_json(&r.change_compute), "change_kernel": lat_json(&r.change_kernel),
+                "change_json": lat_json(&r.change_json), "element_netlink_at_size": lat_json(&r.element_netlink),
                 "change_total": lat_json(&r.change_total), "change_floor": lat_json(&r.change_floor),
                 "element_json_at_size": lat_json(&r.element_json), "element_text_at_size": lat_json(&r.element_text),
                 "change_target_ms": CHANGE_TARGET_MS,

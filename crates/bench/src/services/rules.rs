@@ -1,8 +1,11 @@
 //! Part 1: the proxy's rules for thousands of synthetic Services, applied in a throwaway network
-//! namespace, next to plain `nft -f` loads of the same table and of a one-element change.
+//! namespace as the proxy applies them (the full table through `nft -j`, changes as netlink
+//! batches), next to plain `nft -f` loads of the same table and of a one-element change, and to
+//! the same changes through `nft -j`.
 //!
-//! Everything runs on one thread that joined the namespace, so `nft` (forked from it) runs there
-//! directly, as the proxy runs it on a node, with no `ip netns exec` in the timings.
+//! Everything runs on one thread that joined the namespace, so `nft` (forked from it) and the
+//! netlink socket (opened on it) work there directly, as the proxy's do on a node, with no
+//! `ip netns exec` in the timings.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -13,7 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use berth_proxy::command::Command;
 use berth_proxy::model::{Endpoint, Protocol, ServiceKey, ServicePort};
+use berth_proxy::netlink::Netlink;
 use berth_proxy::rules::{MapKey, MapName, NodeNetwork, ServiceRules, service_rules};
 use berth_proxy::sync::Applied;
 use berth_proxy::table::Table;
@@ -47,13 +52,17 @@ pub struct Figures {
     pub full_total: Latencies,
     pub full_floor: Latencies,
     pub change_compute: Latencies,
-    pub change_nft: Latencies,
+    /// The change's netlink batch, sent and acknowledged.
+    pub change_kernel: Latencies,
     pub change_total: Latencies,
     pub change_floor: Latencies,
-    /// One map element added to the full-size table, by `berth_proxy::apply` (JSON) and by
-    /// `nft -f` (text): what nft alone costs at that size.
+    /// Other Services' endpoint changes, the same size, through `berth_proxy::apply` (`nft -j`).
+    pub change_json: Latencies,
+    /// One map element added to the full-size table, by `berth_proxy::apply` (JSON), by `nft -f`
+    /// (text) and by a netlink batch: what nft alone costs at that size.
     pub element_json: Latencies,
     pub element_text: Latencies,
+    pub element_netlink: Latencies,
 }
 
 pub async fn run(settings: Settings, stop: Arc<AtomicBool>) -> anyhow::Result<Figures> {
@@ -145,11 +154,13 @@ async fn measure(settings: &Settings, dir: &Path, stop: &AtomicBool) -> anyhow::
         full_total: Latencies::default(),
         full_floor: Latencies::default(),
         change_compute: Latencies::default(),
-        change_nft: Latencies::default(),
+        change_kernel: Latencies::default(),
         change_total: Latencies::default(),
         change_floor: Latencies::default(),
+        change_json: Latencies::default(),
         element_json: Latencies::default(),
         element_text: Latencies::default(),
+        element_netlink: Latencies::default(),
     };
 
     // (a) The full table, as the proxy writes it at start: each repeat replaces the last.
@@ -170,21 +181,33 @@ async fn measure(settings: &Settings, dir: &Path, stop: &AtomicBool) -> anyhow::
         applied = state;
     }
 
-    // (b) One Service's endpoint replaced, at that size; Services spread over the table.
+    // (b) One Service's endpoint replaced, at that size, as the proxy does it (one netlink batch
+    // on a socket it keeps); and another's through `nft -j`. Services spread over the table.
+    let mut netlink = Netlink::open().context("opening a netlink socket")?;
+    let step = (n / settings.changes).max(1);
     for r in 0..settings.changes {
         check(stop)?;
-        let i = (r * (n / settings.changes).max(1)) % n;
+        let i = (r * step) % n;
         let moved = port(i, [endpoint_ip(2 * i), endpoint_ip(2 * n + r)]);
         let began = Instant::now();
         let change = vec![(key(i), Some(rules_of(&moved)))];
-        let cmds = applied.changes(&table, &change);
+        let cmds = applied.changes(&change);
         let computed = Instant::now();
-        berth_proxy::apply(nft, cmds).await.with_context(|| format!("change {r}"))?;
+        netlink.apply(TABLE, &cmds).with_context(|| format!("change {r}"))?;
         let done = Instant::now();
         applied.commit(change);
         figures.change_compute.record(computed - began);
-        figures.change_nft.record(done - computed);
+        figures.change_kernel.record(done - computed);
         figures.change_total.record(done - began);
+
+        let j = (i + step / 2 + 1) % n;
+        let moved = port(j, [endpoint_ip(2 * j), endpoint_ip(2 * n + settings.changes + r)]);
+        let began = Instant::now();
+        let change = vec![(key(j), Some(rules_of(&moved)))];
+        let cmds = applied.changes(&change).iter().map(|c| c.json(&table)).collect();
+        berth_proxy::apply(nft, cmds).await.with_context(|| format!("change {r} through nft"))?;
+        figures.change_json.record(began.elapsed());
+        applied.commit(change);
     }
 
     // (c) The same table from its text form, in one `nft -f`.
@@ -207,9 +230,12 @@ async fn measure(settings: &Settings, dir: &Path, stop: &AtomicBool) -> anyhow::
     for r in 0..settings.changes {
         check(stop)?;
         let began = Instant::now();
-        berth_proxy::apply(nft, vec![table.add_element(MapName::ServiceIps, &element(2 * r), &chain)]).await?;
+        berth_proxy::apply(nft, vec![table.add_element(MapName::ServiceIps, &element(3 * r), &chain)]).await?;
         figures.element_json.record(began.elapsed());
-        let MapKey::Address(ip, _, _) = element(2 * r + 1) else { unreachable!() };
+        let began = Instant::now();
+        netlink.apply(TABLE, &[Command::AddElement(MapName::ServiceIps, element(3 * r + 2), chain.clone())])?;
+        figures.element_netlink.record(began.elapsed());
+        let MapKey::Address(ip, _, _) = element(3 * r + 1) else { unreachable!() };
         let file = dir.join("element.nft");
         std::fs::write(&file, format!("add element ip {TABLE} service-ips {{ {ip} . tcp . 80 : goto {chain} }}\n"))?;
         figures.element_text.record(nft_file(nft, &file).await?);
