@@ -589,9 +589,11 @@ impl Drop for Runtime {
                 self.spawn();
             }
             self.remove_all_pods();
-            if let Some(p) = self.process.as_mut() {
-                p.stop();
-            }
+        }
+        // Stopped before its bridge goes: a sandbox it is still setting up would bring the
+        // bridge back (the bridge plugin creates it on ADD).
+        if let Some(p) = self.process.as_mut() {
+            p.stop();
         }
         if let Some(bridge) = &self.own_bridge {
             let _ = Command::new("ip").args(["link", "del", bridge]).output();
