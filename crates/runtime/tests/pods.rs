@@ -12,11 +12,15 @@ use berth_runtime::config::Config;
 use berth_runtime::cri::{Cri, Options, grpc};
 use berth_runtime::server;
 use berth_testenv::Registry;
+use berth_testenv::cni::BridgeLease;
 use berth_testenv::images::{Format, busybox_image};
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+/// The bridge of this test binary's pods (its runtimes share it).
+const BRIDGE: &str = "berthpt0";
 
 /// One subnet per test process, so that parallel test binaries do not share a bridge.
 fn network_conflist(dir: &Path, bridge: &str, subnet: &str) -> String {
@@ -41,6 +45,8 @@ struct Runtime {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), server::ServeError>>>,
     registry: Registry,
+    /// Last: the bridge goes once no runtime of this process uses it.
+    _bridge: BridgeLease,
 }
 
 impl Runtime {
@@ -54,7 +60,7 @@ impl Runtime {
         let dir = tempfile::tempdir().unwrap();
         let cni_dir = dir.path().join("cni");
         std::fs::create_dir_all(&cni_dir).unwrap();
-        std::fs::write(cni_dir.join("10-test.conflist"), network_conflist(dir.path(), "berthpt0", "10.203.0.0/24"))
+        std::fs::write(cni_dir.join("10-test.conflist"), network_conflist(dir.path(), BRIDGE, "10.203.0.0/24"))
             .unwrap();
         Self::open(dir, registry).await
     }
@@ -98,7 +104,7 @@ insecure = true
         let task = tokio::spawn(listener.serve(routes, async {
             let _ = stopped.await;
         }));
-        Runtime { dir, cri, stop: Some(stop), task: Some(task), registry }
+        Runtime { dir, cri, stop: Some(stop), task: Some(task), registry, _bridge: BridgeLease::take(BRIDGE) }
     }
 
     async fn channel(&self) -> Channel {

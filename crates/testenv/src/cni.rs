@@ -9,6 +9,7 @@
 //! | `scripts/testenv` | `berthtenv0` | `10.199.0.0/24` |
 //! | [`crate::Containerd`] | `ctd…` | 10.200–10.231 |
 //! | `berth up` in `crates/cli/tests/up.rs` | `bup…` | 10.232–10.239 |
+//! | the runtime's pod tests, the CLI's crash and stream tests | `berthpt0`, `berthcr0`, `berthsx0` (shared by a test process's runtimes, removed with the last: [`BridgeLease`]) | `10.203`, `10.204`, `10.209` |
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -69,6 +70,43 @@ impl BridgeNetwork {
         std::fs::create_dir_all(dir)?;
         let text = serde_json::to_vec_pretty(&self.conflist(ipam_dir)).map_err(std::io::Error::other)?;
         std::fs::write(dir.join(format!("10-{}.conflist", self.name)), text)
+    }
+}
+
+/// A test process's use of a bridge that several of its runtimes share (fixed bridge names):
+/// when the last lease on a bridge is dropped, the bridge is deleted, so test runs leave none
+/// behind. A runtime taking a lease later gets the bridge back from the bridge plugin's next ADD.
+/// Drop it after the runtime using it has stopped.
+#[derive(Debug)]
+pub struct BridgeLease {
+    bridge: String,
+}
+
+static LEASES: std::sync::Mutex<Vec<(String, usize)>> = std::sync::Mutex::new(Vec::new());
+
+impl BridgeLease {
+    pub fn take(bridge: &str) -> BridgeLease {
+        let mut leases = LEASES.lock().unwrap_or_else(|e| e.into_inner());
+        match leases.iter_mut().find(|(b, _)| b == bridge) {
+            Some((_, n)) => *n += 1,
+            None => leases.push((bridge.to_string(), 1)),
+        }
+        BridgeLease { bridge: bridge.to_string() }
+    }
+}
+
+impl Drop for BridgeLease {
+    fn drop(&mut self) {
+        // Held while deleting, so that no lease is taken between the count and the delete.
+        let mut leases = LEASES.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(i) = leases.iter().position(|(b, _)| *b == self.bridge) else { return };
+        leases[i].1 -= 1;
+        if leases[i].1 == 0 {
+            leases.swap_remove(i);
+            if Path::new("/sys/class/net").join(&self.bridge).exists() {
+                let _ = std::process::Command::new("ip").args(["link", "del", &self.bridge]).output();
+            }
+        }
     }
 }
 

@@ -14,6 +14,8 @@ pub struct Runtime {
     pub dir: tempfile::TempDir,
     starts: usize,
     env: Vec<(String, String)>,
+    /// The bridge of a runtime that runs pods; it goes once no runtime of this process uses it.
+    bridge: Option<berth_testenv::cni::BridgeLease>,
 }
 
 impl Runtime {
@@ -36,7 +38,7 @@ impl Runtime {
         }
         std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut rt = Runtime { child: None, dir, starts: 0, env };
+        let mut rt = Runtime { child: None, dir, starts: 0, env, bridge: None };
         rt.spawn();
         rt
     }
@@ -81,7 +83,8 @@ insecure = true
             runsc_root = dir.path().join("runsc"),
         );
         std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
-        let mut rt = Runtime { child: None, dir, starts: 0, env: Vec::new() };
+        let bridge = Some(berth_testenv::cni::BridgeLease::take(bridge));
+        let mut rt = Runtime { child: None, dir, starts: 0, env: Vec::new(), bridge };
         rt.spawn();
         rt
     }
@@ -293,6 +296,8 @@ impl Drop for Runtime {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // Only once the runtime is gone.
+        self.bridge.take();
     }
 }
 
