@@ -117,6 +117,7 @@ pub async fn run(ctx: Arc<Context>) {
                 PodEvent::Applied { old: Some(old), .. } if has_hash_label(&old) => Some(old),
                 PodEvent::Applied { .. } => None,
                 PodEvent::Deleted(pod) => Some(pod).filter(|p| has_hash_label(p)),
+                PodEvent::Synced => None,
             };
             if let Some(pod) = pod {
                 pod_observer.pod_changed(&pod);

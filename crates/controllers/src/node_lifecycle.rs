@@ -148,6 +148,7 @@ pub async fn run_with(ctx: Arc<Context>, tuning: Tuning) {
     let pod_events = pod_cache.subscribe().filter_map(|ev| {
         let node = match ev {
             PodEvent::Applied { new: pod, .. } | PodEvent::Deleted(pod) => node_of(&pod),
+            PodEvent::Synced => None,
         };
         std::future::ready(node.map(|n| Ok::<_, watcher::Error>(ObjectRef::new(&n))))
     });

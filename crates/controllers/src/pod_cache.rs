@@ -30,6 +30,11 @@ pub enum PodEvent {
     Applied { old: Option<Arc<Pod>>, new: Arc<Pod> },
     /// The pod was deleted (its last state); the store no longer holds it.
     Deleted(Arc<Pod>),
+    /// Every pod of the first complete list (or of the store when the subscriber joined) has
+    /// been sent as added before this: client-go's handler `HasSynced`. A controller whose
+    /// expectations count pod additions syncs only after it, or the additions of pods that
+    /// already existed would be taken for its own creations.
+    Synced,
 }
 
 /// The shared pod cache; reach it through `Context::pods`.
@@ -102,6 +107,7 @@ impl Fanout {
             for new in self.store.state() {
                 let _ = tx.unbounded_send(PodEvent::Applied { old: None, new });
             }
+            let _ = tx.unbounded_send(PodEvent::Synced);
         }
         self.subscribers.push(tx);
         rx
@@ -129,6 +135,7 @@ impl Fanout {
             // A relist shows in the store only when it is complete.
             watcher::Event::Init | watcher::Event::InitApply(_) => Vec::new(),
             watcher::Event::InitDone => {
+                let first = !self.filled;
                 self.filled = true;
                 let mut changes = Vec::new();
                 for new in self.store.state() {
@@ -139,6 +146,9 @@ impl Fanout {
                 }
                 // What the relist no longer lists was deleted while the watch was down.
                 changes.extend(before.into_values().map(PodEvent::Deleted));
+                if first {
+                    changes.push(PodEvent::Synced);
+                }
                 changes
             }
         };
@@ -244,6 +254,7 @@ mod tests {
                 PodEvent::Applied { old: None, new } => format!("added {}", name(&new)),
                 PodEvent::Applied { old: Some(old), new } => format!("changed {} to {}", name(&old), name(&new)),
                 PodEvent::Deleted(p) => format!("deleted {}", name(&p)),
+                PodEvent::Synced => "synced".to_string(),
             });
         }
         out.sort();
@@ -267,7 +278,7 @@ mod tests {
         let mut f = fanout();
         let mut early = f.subscribe();
         relist(&mut f, &[pod("a", "1")]);
-        assert_eq!(sent(&mut early), ["added a@1"]);
+        assert_eq!(sent(&mut early), ["added a@1", "synced"]);
         f.apply(watcher::Event::Apply(pod("a", "2")));
         f.apply(watcher::Event::Apply(pod("b", "3")));
         f.apply(watcher::Event::Delete(pod("a", "4")));
@@ -280,7 +291,7 @@ mod tests {
         let mut f = fanout();
         relist(&mut f, &[pod("a", "1"), pod("b", "1")]);
         let mut late = f.subscribe();
-        assert_eq!(sent(&mut late), ["added a@1", "added b@1"]);
+        assert_eq!(sent(&mut late), ["added a@1", "added b@1", "synced"]);
         f.apply(watcher::Event::Apply(pod("a", "2")));
         assert_eq!(sent(&mut late), ["changed a@1 to a@2"]);
     }

@@ -80,6 +80,9 @@ struct Rsc<K: Replicated> {
     ctx: Arc<Context>,
     rss: Store<K>,
     pods: Store<Pod>,
+    /// True once this controller has been sent every pod of the cache's first list: before
+    /// that, the additions still queued for it would count as its own creations.
+    pods_synced: tokio::sync::watch::Receiver<bool>,
     expectations: Arc<Mutex<Expectations>>,
     retry: Retry,
 }
@@ -109,12 +112,17 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         .touched_objects();
 
     let observer = Observer { rss: rs_reader.clone(), expectations: expectations.clone(), tx };
+    let (synced_tx, pods_synced) = tokio::sync::watch::channel(false);
     let pod_stream = pod_cache
         .subscribe()
         .map(move |ev| {
             let changes = match ev {
                 PodEvent::Applied { old, new } => tracker::between(old.as_deref(), new.as_ref()),
                 PodEvent::Deleted(pod) => vec![Change::Deleted(Seen::of(pod.as_ref()))],
+                PodEvent::Synced => {
+                    synced_tx.send_replace(true);
+                    Vec::new()
+                }
             };
             for change in changes {
                 for r in reactions(&change) {
@@ -130,8 +138,14 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         pod_stream.boxed(),
         rx.map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))).boxed(),
     ]);
-    let rsc =
-        Arc::new(Rsc { pods: pod_cache.store(), ctx, rss: rs_reader.clone(), expectations, retry: Retry::default() });
+    let rsc = Arc::new(Rsc {
+        pods: pod_cache.store(),
+        pods_synced,
+        ctx,
+        rss: rs_reader.clone(),
+        expectations,
+        retry: Retry::default(),
+    });
     let results = applier(
         |rs, rsc| CancelableJoinHandle::spawn(reconcile(rs, rsc), &tokio::runtime::Handle::current()),
         error_policy,
@@ -225,7 +239,7 @@ fn error_policy<K: Replicated>(rs: Arc<K>, error: &Error, rsc: Arc<Rsc<K>>) -> A
 
 impl<K: Replicated> Rsc<K> {
     async fn sync(&self, rs: &Arc<K>, key: &str) -> Result<Action, Error> {
-        self.pods.wait_until_ready().await.map_err(|_| Error::CacheStopped)?;
+        self.pods_synced.clone().wait_for(|synced| *synced).await.map_err(|_| Error::CacheStopped)?;
         let needs_sync = lock(&self.expectations).satisfied(key, Instant::now());
         let now = jiff::Timestamp::now();
         if !rs.has_spec() {

@@ -150,6 +150,7 @@ async fn run(ctx: Arc<Context>, which: Which) {
                     wake
                 }
                 PodEvent::Deleted(pod) => matching(&pod),
+                PodEvent::Synced => HashSet::new(),
             };
             futures::stream::iter(wake.into_iter().map(|r| Ok::<_, watcher::Error>(ReconcileRequest::from(r))))
         })
