@@ -229,6 +229,25 @@ fn endpoints(slices: &[&EndpointSlice], port_name: &str, protocol: Protocol, nod
         .collect()
 }
 
+/// `ns/web` port `name`: TCP 80 on ClusterIP 10.96.0.5 with `endpoints`, the port the unit tests
+/// of the rules, the diff and the netlink encoding start from.
+#[cfg(test)]
+pub(crate) fn example_port(name: &str, endpoints: Vec<Endpoint>) -> ServicePort {
+    ServicePort {
+        service: ServiceKey::new("ns", "web"),
+        name: name.into(),
+        protocol: Protocol::Tcp,
+        port: 80,
+        cluster_ips: vec![Ipv4Addr::new(10, 96, 0, 5)],
+        external_ips: vec![],
+        node_port: None,
+        affinity_timeout: None,
+        external_local: false,
+        internal_local: false,
+        endpoints,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -363,25 +363,13 @@ pub fn set_mark(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ServiceKey;
 
     fn port(endpoints: &[(&str, bool)]) -> ServicePort {
-        ServicePort {
-            service: ServiceKey::new("ns", "web"),
-            name: "http".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-            cluster_ips: vec!["10.96.0.5".parse().unwrap()],
-            external_ips: vec![],
-            node_port: None,
-            affinity_timeout: None,
-            external_local: false,
-            internal_local: false,
-            endpoints: endpoints
-                .iter()
-                .map(|(ip, local)| Endpoint { ip: ip.parse().unwrap(), port: 8080, local: *local })
-                .collect(),
-        }
+        let endpoints = endpoints
+            .iter()
+            .map(|(ip, local)| Endpoint { ip: ip.parse().unwrap(), port: 8080, local: *local })
+            .collect();
+        crate::model::example_port("http", endpoints)
     }
 
     fn to_json(rules: &[Rule]) -> String {

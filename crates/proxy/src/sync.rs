@@ -148,23 +148,13 @@ impl Applied {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Endpoint, Protocol, ServicePort};
+    use crate::model::Endpoint;
     use crate::rules::{NodeNetwork, service_rules};
 
     fn rules(endpoints: &[&str]) -> ServiceRules {
-        let port = ServicePort {
-            service: ServiceKey::new("ns", "web"),
-            name: String::new(),
-            protocol: Protocol::Tcp,
-            port: 80,
-            cluster_ips: vec!["10.96.0.5".parse().unwrap()],
-            external_ips: vec![],
-            node_port: None,
-            affinity_timeout: None,
-            external_local: false,
-            internal_local: false,
-            endpoints: endpoints.iter().map(|ip| Endpoint { ip: ip.parse().unwrap(), port: 80, local: true }).collect(),
-        };
+        let endpoints =
+            endpoints.iter().map(|ip| Endpoint { ip: ip.parse().unwrap(), port: 80, local: true }).collect();
+        let port = crate::model::example_port("", endpoints);
         service_rules(&[port], NodeNetwork::default())
     }
 

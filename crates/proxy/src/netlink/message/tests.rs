@@ -99,25 +99,16 @@ fn an_affinity_set_has_an_address_key_and_its_timeout_in_milliseconds() {
 #[test]
 fn a_random_pick_creates_and_fills_an_anonymous_map_before_the_rule_that_looks_it_up() {
     let rule = crate::rules::service_rules(
-        &[crate::model::ServicePort {
-            service: crate::model::ServiceKey::new("ns", "web"),
-            name: "http".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-            cluster_ips: vec!["10.96.0.5".parse().unwrap()],
-            external_ips: vec![],
-            node_port: None,
-            affinity_timeout: None,
-            external_local: false,
-            internal_local: false,
-            endpoints: (0..300)
+        &[crate::model::example_port(
+            "http",
+            (0..300)
                 .map(|i| crate::model::Endpoint {
                     ip: std::net::Ipv4Addr::from(0x0af4_0000 + i),
                     port: 80,
                     local: true,
                 })
                 .collect(),
-        }],
+        )],
         crate::rules::NodeNetwork::default(),
     )
     .chains["service-ns/web/tcp/http"]
