@@ -430,7 +430,7 @@ pub struct Runtime {
     starts: u32,
     netns: Option<String>,
     /// The bridge of the harness's own network, deleted on drop (the bridge plugin leaves it).
-    own_bridge: Option<String>,
+    own_bridge: Option<berth_testenv::cni::BridgeLease>,
 }
 
 impl Runtime {
@@ -486,7 +486,7 @@ impl Runtime {
             config.push_str(&format!("[registries.\"{host}\"]\ninsecure = true\n"));
         }
         std::fs::write(dir.path().join("runtime.toml"), config).unwrap();
-        let own_bridge = generated.then(|| bridge.clone());
+        let own_bridge = generated.then(|| berth_testenv::cni::BridgeLease::take(&bridge));
         let mut runtime = Runtime { process: None, dir, starts: 0, netns: b.netns, own_bridge };
         runtime.spawn();
         runtime
@@ -595,9 +595,7 @@ impl Drop for Runtime {
         if let Some(p) = self.process.as_mut() {
             p.stop();
         }
-        if let Some(bridge) = &self.own_bridge {
-            let _ = Command::new("ip").args(["link", "del", bridge]).output();
-        }
+        self.own_bridge.take();
     }
 }
 
