@@ -195,6 +195,8 @@ impl SqliteStore {
             events: events.clone(),
             counters: counters.clone(),
             max_batch: options.max_batch.max(1),
+            // Rows a stop left behind are purged after the first write.
+            purge_pending: true,
         };
         let writer_thread = std::thread::Builder::new()
             .name("berth-sqlite-writer".into())
@@ -268,7 +270,14 @@ struct Writer {
     events: broadcast::Sender<Batch>,
     counters: Arc<Counters>,
     max_batch: usize,
+    /// History at or below `compacted` may still be in `events`: compaction only moves the
+    /// mark, and the rows go [`PURGE_CHUNK`] at a time between write rounds, so that forgetting
+    /// minutes of history at once never holds up the writes queued behind it.
+    purge_pending: bool,
 }
+
+/// History rows deleted per transaction after a compaction.
+const PURGE_CHUNK: i64 = 256;
 
 /// What one op did inside a transaction: its answer and, if it wrote, its event.
 type Applied = (Result<Outcome>, Option<Event>);
@@ -276,7 +285,20 @@ type Applied = (Result<Outcome>, Option<Event>);
 impl Writer {
     fn run(&mut self, mut rx: mpsc::UnboundedReceiver<WriteRequest>) {
         let mut previous = 1;
-        while let Some(first) = rx.blocking_recv() {
+        loop {
+            let first = match rx.try_recv() {
+                Ok(req) => req,
+                // Idle: purge compacted history until there is none, then wait.
+                Err(mpsc::error::TryRecvError::Empty) if self.purge_pending => {
+                    self.purge_chunk();
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => match rx.blocking_recv() {
+                    Some(req) => req,
+                    None => break,
+                },
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            };
             let mut batch = vec![first];
             self.drain(&mut rx, &mut batch);
             // Under concurrent load the clients answered by the last commit are sending their
@@ -288,6 +310,29 @@ impl Writer {
             }
             previous = batch.len();
             self.commit_batch(batch);
+            // Busy: one chunk per round, so history still goes while writes keep coming.
+            if self.purge_pending {
+                self.purge_chunk();
+            }
+        }
+    }
+
+    /// Deletes up to [`PURGE_CHUNK`] rows of history at or below the compacted revision.
+    fn purge_chunk(&mut self) {
+        let deleted = self
+            .conn
+            .prepare_cached(
+                "DELETE FROM events WHERE revision IN \
+                 (SELECT revision FROM events WHERE revision <= ?1 ORDER BY revision LIMIT ?2)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![self.compacted, PURGE_CHUNK]));
+        match deleted {
+            Ok(n) => self.purge_pending = n as i64 == PURGE_CHUNK,
+            Err(e) => {
+                // Left for the next compaction: the rows are out of reach already.
+                tracing::warn!(error = %e, "purging compacted history failed");
+                self.purge_pending = false;
+            }
         }
     }
 
@@ -339,6 +384,7 @@ impl Writer {
         }
         tx.commit()?;
         self.revision = revision;
+        self.purge_pending |= compacted != self.compacted;
         self.compacted = compacted;
         Ok(applied)
     }
@@ -474,8 +520,8 @@ fn apply_op(
                 let msg = format!("cannot compact to {target}: current revision is {revision}");
                 return Ok((Err(StoreError::Invalid(msg)), None));
             }
+            // Only the mark moves here; the writer purges the rows after the commit.
             if *target > *compacted {
-                conn.prepare_cached("DELETE FROM events WHERE revision <= ?1")?.execute([*target])?;
                 *compacted = *target;
             }
             Ok((Ok(Outcome::Compacted), None))
@@ -882,6 +928,33 @@ mod tests {
         let first = watch.next().await.expect("item");
         assert!(matches!(first, Err(StoreError::Compacted { compacted: 4, .. })), "{first:?}");
         assert!(watch.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn compacted_history_is_deleted_after_the_compaction_is_acknowledged_and_later_history_stays() {
+        let (dir, store) = temp_store(SqliteOptions::default());
+        for i in 0..1000 {
+            store.create(&format!("/h/{i:04}"), vec![1; 64]).await.expect("create");
+        }
+        store.compact(900).await.expect("compact");
+        assert_eq!(store.compacted_revision().await.expect("compacted"), 900);
+        let probe = Connection::open(dir.path().join("db.sqlite")).expect("open");
+        let count = |op: &str| -> i64 {
+            probe
+                .query_row(&format!("SELECT COUNT(*) FROM events WHERE revision {op} 900"), [], |r| r.get(0))
+                .expect("count")
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while count("<=") > 0 {
+            assert!(std::time::Instant::now() < deadline, "{} rows at or below 900 are left", count("<="));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(count(">"), 100, "history after the compacted revision stays");
+        let mut watch = store.watch("/h/", 900).await.expect("watch from the compacted revision");
+        store.create("/h/new", vec![2]).await.expect("create");
+        use futures::StreamExt;
+        let first = watch.next().await.expect("item").expect("event");
+        assert_eq!(first.revision, 901);
     }
 
     #[tokio::test]

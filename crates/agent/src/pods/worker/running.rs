@@ -39,12 +39,17 @@ impl Shell {
     pub(super) async fn sync(&mut self, r: &mut Running) -> Result<Stepped, WorkerError> {
         // Images looked up in an earlier step may have been removed since.
         r.images_looked_up.clear();
+        if matches!(r.sandbox, PodSandbox::NothingOnNode) {
+            if let Some(next) = self.start_on_node(r).await? {
+                return Ok(Stepped::stay(next));
+            }
+            return self.act_until_waiting(r, Vec::new()).await;
+        }
         if let Some(next) = self.ensure_volumes(r).await? {
             self.report(shown(r), &[], false).await?;
             return Ok(Stepped::stay(next));
         }
-        let nothing_on_node = matches!(r.sandbox, PodSandbox::NothingOnNode);
-        let mut instances = if nothing_on_node { Vec::new() } else { self.observe(&r.runtime).await? };
+        let instances = self.observe(&r.runtime).await?;
         let sandbox_ok = match &r.sandbox {
             PodSandbox::JustSeen(s) => {
                 r.sandbox = PodSandbox::Held(s.clone());
@@ -69,6 +74,43 @@ impl Shell {
                 SandboxOutcome::NotRecreated => {}
             }
         }
+        self.act_until_waiting(r, instances).await
+    }
+
+    /// A pod new to this node: its sandbox is created while its volumes are set up, the two
+    /// longest steps before its first container, as only the containers use the volumes. (So a
+    /// pod whose volumes cannot be set up yet has its sandbox already, unlike under kubelet,
+    /// which waits for the volumes; the containers wait either way.) `Some` when the pod must
+    /// wait before its containers can start.
+    async fn start_on_node(&mut self, r: &mut Running) -> Result<Option<Next>, WorkerError> {
+        let creation = self.begin_sandbox(r, 0);
+        let (volumes, created) = tokio::join!(self.ensure_volumes(r), creation.run());
+        // Recorded before anything else can fail: the sandbox exists now.
+        let outcome = self.finish_sandbox(r, created);
+        if let Some(next) = volumes? {
+            self.report(shown(r), &[], false).await?;
+            return Ok(Some(next));
+        }
+        match outcome? {
+            SandboxOutcome::Ready | SandboxOutcome::NotRecreated => {
+                if let PodSandbox::JustSeen(s) = &r.sandbox {
+                    r.sandbox = PodSandbox::Held(s.clone());
+                }
+                Ok(None)
+            }
+            SandboxOutcome::Retry(next) => {
+                self.report(shown(r), &[], false).await?;
+                Ok(Some(next))
+            }
+        }
+    }
+
+    /// Plans and acts on `instances` until the plan waits.
+    async fn act_until_waiting(
+        &mut self,
+        r: &mut Running,
+        mut instances: Vec<Instance>,
+    ) -> Result<Stepped, WorkerError> {
         loop {
             match self.act(r, &mut instances).await? {
                 Acted::Next(next) => return Ok(Stepped::stay(next)),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_cri::v1 as cri;
 
-use super::{MIN_GRACE_SECONDS, Next, PodSandbox, Running, Sandbox, Shell, WorkerError};
+use super::{MIN_GRACE_SECONDS, Next, PodRuntime, PodSandbox, Running, Sandbox, Shell, WorkerError};
 use crate::endpoint::Endpoint;
 use crate::pods::cgroups;
 use crate::pods::cri::{self as cricalls, CriError};
@@ -79,27 +79,36 @@ impl Shell {
             }
         }
         let attempt = sandboxes.first().map_or(0, |s| s.metadata.as_ref().map_or(0, |m| m.attempt) + 1);
+        let created = self.begin_sandbox(r, attempt).run().await;
+        self.finish_sandbox(r, created)
+    }
+
+    /// Makes the pod's cgroup and the config of its new sandbox (`attempt`); the creation itself
+    /// is [`SandboxCreation::run`], which borrows nothing of the worker and may run beside its
+    /// other steps.
+    pub(super) fn begin_sandbox(&mut self, r: &mut Running, attempt: u32) -> SandboxCreation {
         let cgroup = self.create_cgroup();
         let config = spec::sandbox_config(&self.pod, attempt, &self.ctx.pod_log_dir, &self.ctx.dns, &cgroup);
         // From here on, a sandbox may exist: later steps list what there is.
         if matches!(r.sandbox, PodSandbox::NothingOnNode) {
             r.sandbox = PodSandbox::None;
         }
-        let started = std::time::Instant::now();
-        let create = async {
-            let id = cricalls::run_sandbox(ep, config.clone(), &runtime.handler).await?;
-            let status = cricalls::sandbox_status(ep, &id).await;
-            Ok::<_, CriError>((id, status))
-        };
-        // The sandbox takes tens of milliseconds: the first containers' images are looked up
-        // meanwhile instead of after it.
-        let (created, looked_up) = tokio::join!(create, look_up_images(ep, self.first_images(), &runtime.handler));
-        r.images_looked_up = looked_up;
-        match created {
+        SandboxCreation { runtime: r.runtime.clone(), config, images: self.first_images() }
+    }
+
+    /// Takes what a [`SandboxCreation`] ended with into the pod's state.
+    pub(super) fn finish_sandbox(
+        &mut self,
+        r: &mut Running,
+        created: SandboxCreated,
+    ) -> Result<SandboxOutcome, WorkerError> {
+        r.images_looked_up = created.looked_up;
+        let handler = &r.runtime.handler;
+        match created.result {
             Ok((id, status)) => {
                 let ips = sandbox_ips(status?.as_ref());
-                tracing::info!(pod = %self.pod_ref(), sandbox = %id, handler = %runtime.handler, endpoint = %ep.name, took = ?started.elapsed(), "sandbox created");
-                r.sandbox = PodSandbox::JustSeen(Sandbox { id, config, ips, ready: true });
+                tracing::info!(pod = %self.pod_ref(), sandbox = %id, handler = %handler, endpoint = %r.runtime.endpoint.name, took = ?created.took, "sandbox created");
+                r.sandbox = PodSandbox::JustSeen(Sandbox { id, config: created.config, ips, ready: true });
                 Ok(SandboxOutcome::Ready)
             }
             Err(e) if e.status.code() == tonic::Code::Unavailable => Err(e.into()),
@@ -152,6 +161,39 @@ impl Shell {
                 String::new()
             }
         }
+    }
+}
+
+/// A sandbox to create: what the creation needs, owned.
+pub(super) struct SandboxCreation {
+    runtime: PodRuntime,
+    config: cri::PodSandboxConfig,
+    /// Images looked up while the sandbox is made (see [`Shell::first_images`]).
+    images: Vec<String>,
+}
+
+/// How a [`SandboxCreation`] ended.
+pub(super) struct SandboxCreated {
+    config: cri::PodSandboxConfig,
+    /// The sandbox's ID and its status (asked right after).
+    result: Result<(String, Result<Option<cri::PodSandboxStatus>, CriError>), CriError>,
+    looked_up: HashMap<String, Option<String>>,
+    took: Duration,
+}
+
+impl SandboxCreation {
+    pub(super) async fn run(self) -> SandboxCreated {
+        let started = std::time::Instant::now();
+        let ep = &self.runtime.endpoint;
+        let create = async {
+            let id = cricalls::run_sandbox(ep, self.config.clone(), &self.runtime.handler).await?;
+            let status = cricalls::sandbox_status(ep, &id).await;
+            Ok::<_, CriError>((id, status))
+        };
+        // The sandbox takes tens of milliseconds: the first containers' images are looked up
+        // meanwhile instead of after it.
+        let (result, looked_up) = tokio::join!(create, look_up_images(ep, self.images.clone(), &self.runtime.handler));
+        SandboxCreated { config: self.config, result, looked_up, took: started.elapsed() }
     }
 }
 

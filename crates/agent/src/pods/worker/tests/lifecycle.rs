@@ -35,6 +35,38 @@ async fn a_pending_pod_gets_a_sandbox_and_its_pulled_container_runs() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_new_pod_whose_volume_is_missing_keeps_its_sandbox_and_starts_in_it_once_the_volume_is_there() {
+    let h = Harness::new().await;
+    h.runtime.add_image("busybox:1.36");
+    let ctx = h.context();
+    let spec = serde_json::json!({
+        "containers": [{"name": "app", "image": "busybox:1.36", "volumeMounts": [{"name": "conf", "mountPath": "/conf"}]}],
+        "volumes": [{"name": "conf", "configMap": {"name": "settings"}}],
+    });
+    let mut pod = h.pod(&ctx, "web", spec).await;
+
+    assert_eq!(pod.step().await, Next::Now, "resolved");
+    assert!(matches!(pod.settle().await, Next::After(_)));
+    assert_eq!(
+        h.runtime.calls(),
+        ["RunPodSandbox attempt=0 handler=", "PodSandboxStatus sandbox-0", "ImageStatus busybox:1.36"],
+        "the sandbox is made while the volumes are set up; no container without its volume"
+    );
+
+    let config_maps: Api<core::ConfigMap> = Api::namespaced(h.client.clone(), "default");
+    let settings = serde_json::from_value(serde_json::json!({"metadata": {"name": "settings"}, "data": {"a": "1"}}));
+    config_maps.create(&PostParams::default(), &settings.unwrap()).await.unwrap();
+    tokio::time::advance(Duration::from_secs(10)).await;
+    pod.settle().await;
+
+    let calls = h.runtime.calls();
+    assert!(!calls[3..].iter().any(|c| c.starts_with("RunPodSandbox")), "one sandbox: {calls:?}");
+    assert!(calls.iter().any(|c| c.starts_with("CreateContainer app-0 in sandbox-0 ")), "{calls:?}");
+    assert!(calls.contains(&"StartContainer app-0".to_string()), "{calls:?}");
+    assert_eq!(h.status(&mut pod).await.phase.as_deref(), Some("Running"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_init_container_that_fails_is_run_again_and_the_app_starts_once_it_succeeds() {
     let h = Harness::new().await;
     h.runtime.add_image("busybox:1.36");
