@@ -18,6 +18,7 @@ mod list_stream;
 pub mod memory;
 pub mod metrics;
 pub mod negotiation;
+pub mod node_graph;
 pub mod objects;
 pub mod openapi;
 pub mod protobuf;
@@ -69,6 +70,8 @@ pub struct ApiState {
     pub watch_events: watch_events::SharedEvents,
     /// One store watch per watched resource type, fanned out to its watchers.
     pub watch_hub: watch_hub::WatchHub,
+    /// What each node's pods reference, for the node authorizer (kept by [`node_graph::run`]).
+    pub node_references: node_graph::NodeReferences,
 }
 
 impl ApiState {
@@ -110,6 +113,7 @@ impl ApiState {
             service_account_tokens,
             watch_events: watch_events::SharedEvents::default(),
             watch_hub: watch_hub::WatchHub::default(),
+            node_references: node_graph::NodeReferences::default(),
         })
     }
 }

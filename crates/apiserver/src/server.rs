@@ -171,6 +171,7 @@ impl PreparedServer {
     pub async fn serve(self) -> Result<(), ServerError> {
         let state = self.state;
         tokio::spawn(lifecycle::run_compactor(state.clone(), self.compaction_interval));
+        tokio::spawn(crate::node_graph::run(state.clone()));
         services::spawn_repair(&state);
         tokio::spawn(keep_kubernetes_service(state.clone(), self.advertise, self.addr.port()));
         let rustls = tls::rustls_config(&self.pki).map_err(ServerError::Tls)?;

@@ -325,6 +325,43 @@ async fn a_node_reads_only_the_secrets_and_configmaps_of_pods_bound_to_it() {
 }
 
 #[tokio::test]
+async fn the_index_of_node_references_follows_pods_from_binding_to_deletion() {
+    use berth_apiserver::authz::Referenced;
+    let api = Api::new().await;
+    for name in ["settings", "later"] {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "b"}});
+        api.ok(ADMIN, "POST", "/api/v1/namespaces/default/configmaps", Some(&cm)).await;
+    }
+    let before = pod("early", "node-a", json!([{"name": "c", "configMap": {"name": "settings"}}]));
+    api.ok(ADMIN, "POST", "/api/v1/namespaces/default/pods", Some(&before)).await;
+    tokio::spawn(berth_apiserver::node_graph::run(api.state.clone()));
+    let index = &api.state.node_references;
+    let knows = |node: &str, name: &str| index.references(node, Referenced::ConfigMap, "default", name);
+    // The index follows on a task of its own, a moment behind.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("never: {what}");
+    }
+
+    until("a pod bound before the index was read in", || knows("node-a", "settings")).await;
+    assert!(!knows("node-b", "settings"), "the references are per node");
+    let after = pod("late", "node-b", json!([{"name": "c", "configMap": {"name": "later"}}]));
+    api.ok(ADMIN, "POST", "/api/v1/namespaces/default/pods", Some(&after)).await;
+    until("a pod bound after the index was built", || knows("node-b", "later")).await;
+    api.ok(&api.node_b, "GET", "/api/v1/namespaces/default/configmaps/later", None).await;
+
+    api.ok(ADMIN, "DELETE", "/api/v1/namespaces/default/pods/late?gracePeriodSeconds=0", None).await;
+    until("a deleted pod's references are gone", || !knows("node-b", "later")).await;
+    api.forbidden(&api.node_b, "GET", "/api/v1/namespaces/default/configmaps/later", None).await;
+    api.ok(&api.node_a, "GET", "/api/v1/namespaces/default/configmaps/settings", None).await;
+}
+
+#[tokio::test]
 async fn token_reviews_are_for_masters_and_nodes_and_name_the_tokens_user() {
     let api = Api::new().await;
     let review = |token: &str| json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}});
