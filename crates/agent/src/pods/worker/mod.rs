@@ -16,8 +16,9 @@
 //! - **NoRuntime**: no endpoint serves the handler (`RuntimeHandlerNotFound`); retried with
 //!   back-off and whenever the runtimes change.
 //! - **Running** ([`running`]): level-triggered like kubelet's `SyncPod`: volumes ([`sources`]),
-//!   the sandbox ([`sandbox`]: found again after a restart, re-created when it died), then the
-//!   [`plan`](super::plan) for the containers ([`containers`]), the status patched when it changed.
+//!   the sandbox ([`sandbox`]: found again after a restart, re-created when it died; for a pod new
+//!   to the node, made while its volumes are set up), then the [`plan`](super::plan) for the
+//!   containers ([`containers`]), the status patched when it changed.
 //! - **Terminating** ([`terminate`]): preStop hooks and `StopContainer` within the grace period,
 //!   final status, sandboxes and volumes removed, then the API object deleted with grace 0 and a
 //!   UID precondition.
