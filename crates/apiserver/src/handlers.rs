@@ -295,7 +295,7 @@ pub(crate) async fn list_objects(
                 items.push(obj);
             }
             if i + 1 == n && res.more {
-                stopped_at = Some(format!("{}\0", kv.key));
+                stopped_at = Some(objects::key_after(&kv.key));
             }
         }
         state.metrics.observe_store("list", started.elapsed());

@@ -140,7 +140,7 @@ impl Listing {
         let opts = ListOptions { revision, start_key: start, limit: Some(CHUNK) };
         let res = self.state.store.list(&self.prefix, &opts).await.map_err(|e| ApiError::from_store(e, self.rt, ""))?;
         self.state.metrics.observe_store("list", started.elapsed());
-        let next = if res.more { res.items.last().map(|kv| format!("{}\0", kv.key)) } else { None };
+        let next = if res.more { res.items.last().map(|kv| objects::key_after(&kv.key)) } else { None };
         Ok(Chunk { items: res.items, revision: res.revision, next })
     }
 

@@ -73,7 +73,7 @@ impl NodeReferences {
     /// Whether a pod bound to `node` is known to reference `kind` `namespace/name`. `false`
     /// also when the index does not know yet: the caller then asks the store.
     pub fn references(&self, node: &str, kind: Referenced, namespace: &str, name: &str) -> bool {
-        let index = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let index = self.lock();
         index.ready
             && index
                 .counts
@@ -136,7 +136,7 @@ async fn follow(state: &Arc<ApiState>) -> Result<(), String> {
             break page.revision;
         }
         let last = page.items.last().map(|kv| kv.key.clone()).unwrap_or_default();
-        options = ListOptions { revision: Some(page.revision), start_key: Some(format!("{last}\0")), ..options };
+        options = ListOptions { revision: Some(page.revision), start_key: Some(objects::key_after(&last)), ..options };
     };
     let Some(mut subscription) = state.watch_hub.subscribe(state, &PODS, revision, Slot::of(&PODS, None, None)).await
     else {

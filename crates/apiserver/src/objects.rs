@@ -63,6 +63,11 @@ pub fn key(rt: &ResourceType, namespace: Option<&str>, name: &str) -> String {
     }
 }
 
+/// The first store key after `key`: where the next page of a list starts.
+pub fn key_after(key: &str) -> String {
+    format!("{key}\0")
+}
+
 /// The prefix of every object of `rt`, in `namespace` if given.
 pub fn prefix(rt: &ResourceType, namespace: Option<&str>) -> String {
     match namespace {
