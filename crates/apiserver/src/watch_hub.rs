@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use berth_api::ResourceType;
 use berth_api::resources::PODS;
 use berth_api::selector::FieldSelector;
-use berth_store::Event;
+use berth_store::{Event, WatchItem};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::Value;
@@ -148,7 +148,7 @@ impl WatchHub {
         }
         let prefix = objects::prefix(rt, None);
         let start = state.store.current_revision().await.ok()?;
-        let events = match state.store.watch(&prefix, start).await {
+        let events = match state.store.watch_with_progress(&prefix, start).await {
             Ok(events) => events,
             Err(e) => {
                 tracing::info!(resource = rt.plural, "watch fan-out unavailable: {e}");
@@ -182,7 +182,8 @@ impl WatchHub {
 /// One resource type's store watch and its watchers.
 struct Dispatcher {
     rt: &'static ResourceType,
-    /// The revision of the last event handed out to the watchers.
+    /// The revision up to which every event of the type has been handed out to the watchers:
+    /// the last event's, or a later one the store reported as progress.
     progress: AtomicI64,
     /// Registration and dispatch hold this lock, so a watcher gets each event exactly once:
     /// from the buffer if dispatched before it registered, live after.
@@ -240,13 +241,17 @@ impl Dispatcher {
     }
 
     /// Follows the store watch until it fails or the API state is gone.
-    async fn run(self: Arc<Self>, state: Weak<ApiState>, mut events: berth_store::WatchStream) {
+    async fn run(self: Arc<Self>, state: Weak<ApiState>, mut events: berth_store::ProgressStream) {
         let rt = self.rt;
         let end = loop {
             let item = events.next().await;
             let Some(state) = state.upgrade() else { return };
             match item {
-                Some(Ok(ev)) => self.dispatch(&state, ev),
+                Some(Ok(WatchItem::Event(ev))) => self.dispatch(&state, ev),
+                // Nothing of the type up to `revision` is left to dispatch: bookmarks may say so.
+                Some(Ok(WatchItem::Progress(revision))) => {
+                    self.progress.fetch_max(revision, Ordering::AcqRel);
+                }
                 Some(Err(e)) => {
                     tracing::info!(resource = rt.plural, "watch fan-out stopped, its watches end: {e}");
                     break (state, Some(crate::watch::expired_line(rt, e)));
@@ -302,7 +307,7 @@ impl Dispatcher {
         let revision = ev.revision;
         inner.recent.push_back(Recent { ev, slots });
         // After the sends: a watcher that reads this revision has what it selects queued.
-        self.progress.store(revision, Ordering::Release);
+        self.progress.fetch_max(revision, Ordering::AcqRel);
     }
 }
 

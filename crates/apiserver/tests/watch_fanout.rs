@@ -374,3 +374,21 @@ async fn a_watch_that_times_out_ends_with_a_bookmark_of_where_the_type_is() {
     assert_eq!(events[0]["type"], "BOOKMARK", "{events:?}");
     assert_eq!(events[0]["object"]["metadata"]["resourceVersion"], other["metadata"]["resourceVersion"]);
 }
+
+#[tokio::test]
+async fn a_quiet_types_watch_ends_with_a_bookmark_past_the_writes_of_other_types() {
+    let api = Api::new().await;
+    let from = api.current_rv().await;
+    let watch = Lines::read(
+        api.watch(&format!(
+            "/api/v1/services?watch=1&allowWatchBookmarks=true&timeoutSeconds=3&resourceVersion={from}"
+        ))
+        .await,
+    );
+    let written = api.create_configmaps(std::iter::once("elsewhere".to_string())).await[0];
+    // No service changed: only the store's progress can move the services' revision on, and
+    // it must, or a client resuming after a compaction would be sent 410 Gone.
+    let events = watch.wait_for(1).await;
+    assert_eq!(events[0]["type"], "BOOKMARK", "{events:?}");
+    assert!(rv(&events[0]["object"]) >= written, "bookmark {events:?} is behind the configmap at {written}");
+}

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::framework::Snapshot;
+use crate::framework::{Snapshot, ZonePods};
 use crate::node_info::{NodeInfo, NodeSpec};
+use crate::plugins::pod_topology_spread::LABEL_ZONE;
 use crate::pod_info::PodInfo;
 
 /// How long a bound pod stays assumed without the watch confirming it.
@@ -37,6 +38,38 @@ pub struct Cache {
     image_nodes: HashMap<String, usize>,
     /// Handler name → its bit; handlers are numbered as nodes first report them (64 at most).
     handler_bits: HashMap<String, u64>,
+    zone_pods: ZonePods,
+}
+
+/// The zone a node's pods count in for the default spreading.
+fn zone_of(node: &NodeSpec) -> &str {
+    node.labels.get(LABEL_ZONE).map_or("", String::as_str)
+}
+
+/// The controller a pod counts for in [`ZonePods`] (and in [`NodeInfo::controller_pods`]).
+fn counted_owner(pod: &PodInfo) -> Option<&str> {
+    pod.controller_uid.as_deref().filter(|_| !pod.terminating)
+}
+
+fn count_zone(zone_pods: &mut ZonePods, zone: &str, owner: &str, delta: i64) {
+    if delta == 0 {
+        return;
+    }
+    let zones = match zone_pods.get_mut(owner) {
+        Some(zones) => zones,
+        None => zone_pods.entry(owner.to_string()).or_default(),
+    };
+    let n = match zones.get_mut(zone) {
+        Some(n) => n,
+        None => zones.entry(zone.to_string()).or_default(),
+    };
+    *n += delta;
+    if *n == 0 {
+        zones.remove(zone);
+        if zones.is_empty() {
+            zone_pods.remove(owner);
+        }
+    }
 }
 
 impl Cache {
@@ -50,6 +83,7 @@ impl Cache {
             namespace_labels: &self.namespace_labels,
             image_nodes: &self.image_nodes,
             handler_bits: &self.handler_bits,
+            zone_pods: Some(&self.zone_pods),
         }
     }
 
@@ -93,6 +127,13 @@ impl Cache {
             }
             self.count_images(&self.nodes[i].node.images.keys().cloned().collect::<Vec<_>>(), false);
             self.count_images(&spec.images.keys().cloned().collect::<Vec<_>>(), true);
+            let (old_zone, new_zone) = (zone_of(&self.nodes[i].node), zone_of(&spec));
+            if old_zone != new_zone {
+                for (owner, &n) in &self.nodes[i].controller_pods {
+                    count_zone(&mut self.zone_pods, old_zone, owner, -i64::from(n));
+                    count_zone(&mut self.zone_pods, new_zone, owner, i64::from(n));
+                }
+            }
             self.nodes[i].node = spec;
             self.nodes[i].handler_mask = mask;
             return true;
@@ -103,6 +144,9 @@ impl Cache {
         info.handler_mask = mask;
         for uid in self.waiting.remove(&name).unwrap_or_default() {
             if let Some(state) = self.pods.get(&uid) {
+                if let Some(owner) = counted_owner(&state.pod) {
+                    count_zone(&mut self.zone_pods, zone_of(&info.node), owner, 1);
+                }
                 info.add_pod(state.pod.clone());
             }
         }
@@ -118,6 +162,9 @@ impl Cache {
             self.index.insert(moved.name().to_string(), i);
         }
         self.count_images(&info.node.images.keys().cloned().collect::<Vec<_>>(), false);
+        for (owner, &n) in &info.controller_pods {
+            count_zone(&mut self.zone_pods, zone_of(&info.node), owner, -i64::from(n));
+        }
         let uids: Vec<String> = info.pods.iter().map(|p| p.uid.clone()).collect();
         if !uids.is_empty() {
             self.waiting.insert(name.to_string(), uids);
@@ -212,7 +259,12 @@ impl Cache {
 
     fn place(&mut self, pod: &Arc<PodInfo>) {
         match self.index.get(&pod.node_name) {
-            Some(&i) => self.nodes[i].add_pod(pod.clone()),
+            Some(&i) => {
+                if let Some(owner) = counted_owner(pod) {
+                    count_zone(&mut self.zone_pods, zone_of(&self.nodes[i].node), owner, 1);
+                }
+                self.nodes[i].add_pod(pod.clone());
+            }
             None => self.waiting.entry(pod.node_name.clone()).or_default().push(pod.uid.clone()),
         }
     }
@@ -222,7 +274,11 @@ impl Cache {
         let node = &state.pod.node_name;
         match self.index.get(node) {
             Some(&i) => {
-                self.nodes[i].remove_pod(uid);
+                if self.nodes[i].remove_pod(uid)
+                    && let Some(owner) = counted_owner(&state.pod)
+                {
+                    count_zone(&mut self.zone_pods, zone_of(&self.nodes[i].node), owner, -1);
+                }
             }
             None => {
                 if let Some(w) = self.waiting.get_mut(node) {
@@ -326,6 +382,55 @@ mod tests {
         n.images.clear();
         assert!(c.set_node(n));
         assert_eq!(c.snapshot().image_nodes.get("img:1"), None);
+    }
+
+    #[test]
+    fn the_zone_counts_follow_pods_nodes_and_zone_labels() {
+        let zoned = |name: &str, zone: Option<&str>| {
+            let mut n = node(name);
+            if let Some(z) = zone {
+                n.labels.insert(LABEL_ZONE.into(), z.into());
+            }
+            n
+        };
+        let owned =
+            |uid: &str, node: &str, owner: &str| PodInfo { controller_uid: Some(owner.into()), ..pod(uid, node, 10) };
+        let counts = |c: &Cache, owner: &str| -> Vec<(String, i64)> {
+            let mut v: Vec<(String, i64)> =
+                c.zone_pods.get(owner).into_iter().flatten().map(|(z, n)| (z.clone(), *n)).collect();
+            v.sort();
+            v
+        };
+        let mut c = Cache::new();
+        c.set_node(zoned("a1", Some("a")));
+        c.set_node(zoned("b1", Some("b")));
+        c.set_node(zoned("x", None));
+        c.add_pod(owned("p1", "a1", "rs"));
+        c.assume(owned("p2", "b1", "rs"));
+        c.add_pod(owned("p3", "x", "rs"));
+        c.add_pod(owned("p4", "late", "rs"));
+        c.add_pod(pod("free", "a1", 10));
+        assert_eq!(
+            counts(&c, "rs"),
+            [("".into(), 1), ("a".into(), 1), ("b".into(), 1)],
+            "unlabelled nodes count as \"\""
+        );
+        c.set_node(zoned("late", Some("a")));
+        assert_eq!(counts(&c, "rs")[1], ("a".into(), 2), "a late node brings its pods");
+        c.set_node(zoned("a1", Some("b")));
+        assert_eq!(
+            counts(&c, "rs"),
+            [("".into(), 1), ("a".into(), 1), ("b".into(), 2)],
+            "a relabelled node moves its pods"
+        );
+        c.forget("p2");
+        c.remove_node("late");
+        let mut terminating = owned("p1", "a1", "rs");
+        terminating.terminating = true;
+        c.add_pod(terminating);
+        assert_eq!(counts(&c, "rs"), [("".into(), 1)]);
+        c.remove_pod("p3");
+        assert!(c.zone_pods.is_empty(), "no empty entries are left behind");
     }
 
     #[test]

@@ -21,7 +21,16 @@ pub struct Snapshot<'a> {
     /// A bit for each handler some node reports (the first 64), so the RuntimeClass filter
     /// tests a node with one AND instead of a string lookup.
     pub handler_bits: &'a HashMap<String, u64>,
+    /// Pods per controller per zone, over every node, when the cache keeps them (see
+    /// [`ZonePods`]); `None`: plugins count node by node.
+    pub zone_pods: Option<&'a ZonePods>,
 }
+
+/// Controller UID → `topology.kubernetes.io/zone` value ("" for nodes without the label) →
+/// that controller's pods that are not terminating on the nodes of the zone: the default
+/// spreading's zone counts, kept as pods come and go instead of summed over every node for
+/// every pod scheduled.
+pub type ZonePods = HashMap<String, HashMap<String, i64>>;
 
 /// Why one node cannot take the pod: the plugin that said no and its reasons, in the words
 /// Kubernetes uses (`Insufficient cpu`, `node(s) had untolerated taint {k: v}`, ...).

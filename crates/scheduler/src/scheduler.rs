@@ -18,7 +18,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use berth_events::{PodEvent, Recorder, Source, Type};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Binding, Namespace, Node, ObjectReference, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -59,12 +59,6 @@ impl Default for Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("watching {what} failed")]
-    Watch {
-        what: &'static str,
-        #[source]
-        source: watcher::Error,
-    },
     #[error("the decision thread could not start")]
     Thread(#[source] std::io::Error),
 }
@@ -240,7 +234,7 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Schedules until the returned future is dropped or a watch fails for good.
+/// Schedules until the returned future is dropped.
 pub async fn run(client: kube::Client, config: Config, metrics: Metrics) -> Result<(), Error> {
     let mut algorithm = Algorithm::default();
     algorithm.percentage_of_nodes_to_score = config.percentage_of_nodes_to_score;
@@ -273,11 +267,10 @@ pub async fn run(client: kube::Client, config: Config, metrics: Metrics) -> Resu
     tasks.spawn(act(client, changes_tx, metrics, recorder, outcomes_rx));
     tracing::info!(scheduler = %config.scheduler_name, "scheduling");
     while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => {}
+        if let Err(e) = done
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
         }
     }
     Ok(())
@@ -363,7 +356,7 @@ async fn act(
     metrics: Metrics,
     recorder: Recorder,
     mut outcomes: mpsc::UnboundedReceiver<Outcome>,
-) -> Result<(), Error> {
+) {
     let binds = Arc::new(Semaphore::new(PARALLEL_BINDS));
     let mut running = JoinSet::new();
     while let Some(outcome) = outcomes.recv().await {
@@ -388,7 +381,6 @@ async fn act(
             }
         }
     }
-    Ok(())
 }
 
 fn event(pod: &PodInfo, type_: Type, reason: &str, message: &str) -> PodEvent {
@@ -472,10 +464,22 @@ async fn watch<K>(
     key: impl Fn(&K) -> String,
     applied: impl Fn(K) -> Change,
     deleted: impl Fn(K) -> Change,
-) -> Result<(), Error>
-where
+) where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    forward(stream, kind, &changes, key, applied, deleted).await;
+}
+
+/// Forwards a watcher's events until the stream or the decision thread ends.
+async fn forward<K>(
+    stream: impl futures::Stream<Item = Result<Event<K>, watcher::Error>>,
+    kind: Kind,
+    changes: &std_mpsc::Sender<Change>,
+    key: impl Fn(&K) -> String,
+    applied: impl Fn(K) -> Change,
+    deleted: impl Fn(K) -> Change,
+) {
     let what = match kind {
         Kind::Pods => "pods",
         Kind::Nodes => "nodes",
@@ -483,8 +487,17 @@ where
         Kind::Namespaces => "namespaces",
     };
     let mut listing: Option<HashSet<String>> = None;
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-    while let Some(event) = stream.try_next().await.map_err(|source| Error::Watch { what, source })? {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        // The watcher relists by itself after an error (a 410 once the store compacted past
+        // the watch's revision, a dropped connection); the cache stays as it is meanwhile.
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(kind = what, %error, "watch failed; the watcher lists again after back-off");
+                continue;
+            }
+        };
         let change = match event {
             Event::Init => {
                 listing = Some(HashSet::new());
@@ -502,13 +515,12 @@ where
         };
         if changes.send(change).is_err() {
             // The decision thread has stopped.
-            return Ok(());
+            return;
         }
     }
-    Ok(())
 }
 
-async fn watch_pods(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
+async fn watch_pods(client: kube::Client, changes: std_mpsc::Sender<Change>) {
     watch(
         Api::<Pod>::all(client),
         Kind::Pods,
@@ -520,7 +532,7 @@ async fn watch_pods(client: kube::Client, changes: std_mpsc::Sender<Change>) -> 
     .await
 }
 
-async fn watch_nodes(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
+async fn watch_nodes(client: kube::Client, changes: std_mpsc::Sender<Change>) {
     watch(
         Api::<Node>::all(client),
         Kind::Nodes,
@@ -532,7 +544,7 @@ async fn watch_nodes(client: kube::Client, changes: std_mpsc::Sender<Change>) ->
     .await
 }
 
-async fn watch_runtime_classes(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
+async fn watch_runtime_classes(client: kube::Client, changes: std_mpsc::Sender<Change>) {
     watch(
         Api::<RuntimeClass>::all(client),
         Kind::Classes,
@@ -544,7 +556,7 @@ async fn watch_runtime_classes(client: kube::Client, changes: std_mpsc::Sender<C
     .await
 }
 
-async fn watch_namespaces(client: kube::Client, changes: std_mpsc::Sender<Change>) -> Result<(), Error> {
+async fn watch_namespaces(client: kube::Client, changes: std_mpsc::Sender<Change>) {
     watch(
         Api::<Namespace>::all(client),
         Kind::Namespaces,
@@ -557,4 +569,57 @@ async fn watch_namespaces(client: kube::Client, changes: std_mpsc::Sender<Change
         |ns| Change::NamespaceGone(ns.metadata.name.unwrap_or_default()),
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn namespace(name: &str) -> Namespace {
+        Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() }
+    }
+
+    fn gone() -> watcher::Error {
+        let mut status = kube::core::Status::failure("too old resource version: 5 (9)", "Expired");
+        status.code = 410;
+        watcher::Error::WatchError(Box::new(status))
+    }
+
+    #[tokio::test]
+    async fn a_failed_watch_is_listed_again_instead_of_ending_the_scheduler() {
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(namespace("old"))),
+            Ok(Event::InitDone),
+            Err(gone()),
+            Ok(Event::Init),
+            Ok(Event::InitApply(namespace("kept"))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(namespace("after"))),
+        ];
+        let (tx, rx) = std_mpsc::channel();
+        forward(
+            futures::stream::iter(events),
+            Kind::Namespaces,
+            &tx,
+            |ns: &Namespace| ns.metadata.name.clone().unwrap_or_default(),
+            |ns| Change::Namespace { name: ns.metadata.name.unwrap_or_default(), labels: Default::default() },
+            |ns| Change::NamespaceGone(ns.metadata.name.unwrap_or_default()),
+        )
+        .await;
+        drop(tx);
+        let seen: Vec<String> = rx
+            .iter()
+            .map(|change| match change {
+                Change::Namespace { name, .. } => format!("apply {name}"),
+                Change::Listed(_, keys) => format!("listed {keys:?}"),
+                _ => "other".into(),
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [r#"apply old"#, r#"listed {"old"}"#, "apply kept", r#"listed {"kept"}"#, "apply after"],
+            "the second list replaces the first, and events after it still arrive"
+        );
+    }
 }

@@ -101,6 +101,22 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// backend loses the stream (the caller re-lists).
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<Event>> + Send>>;
 
+/// What a watch that reports its progress delivers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchItem {
+    Event(Event),
+    /// Every event under the watched prefix up to this revision has been delivered: what a
+    /// watch bookmark may report while the prefix itself is quiet and the store is not.
+    Progress(Revision),
+}
+
+/// A [`WatchStream`] with progress reports between the events.
+pub type ProgressStream = Pin<Box<dyn Stream<Item = Result<WatchItem>> + Send>>;
+
+/// How long a watch with progress lets the store's revision run ahead of what it reported
+/// before it reports again.
+pub const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The persistence contract. All methods are safe to call concurrently.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -124,6 +140,15 @@ pub trait Store: Send + Sync + 'static {
     /// Every event under `prefix` with a revision greater than `after`, then live ones.
     /// `Compacted` if `after` is older than the compacted revision.
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream>;
+
+    /// [`Store::watch`], with a [`WatchItem::Progress`] about every [`PROGRESS_INTERVAL`] while
+    /// other keys are written, so that a quiet prefix's watchers learn revisions that stay
+    /// ahead of compaction. A backend that cannot tell delivers the events alone.
+    async fn watch_with_progress(&self, prefix: &str, after: Revision) -> Result<ProgressStream> {
+        use futures::StreamExt;
+        let events = self.watch(prefix, after).await?;
+        Ok(Box::pin(events.map(|item| item.map(WatchItem::Event))))
+    }
 
     /// The revision of the latest write (0 for an empty new store).
     async fn current_revision(&self) -> Result<Revision>;

@@ -15,11 +15,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use futures::StreamExt;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
 
 use crate::{
-    Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, Result, Revision, Store, StoreError, WatchStream,
+    Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, PROGRESS_INTERVAL, ProgressStream, Result, Revision,
+    Store, StoreError, WatchItem, WatchStream,
 };
 
 /// Tuning knobs of [`SqliteStore`]; the defaults suit a control plane.
@@ -696,6 +698,12 @@ struct Watcher {
     queued: VecDeque<Event>,
     chunk: usize,
     done: bool,
+    /// For a watch with progress: how long `seen` may run ahead of what was reported.
+    progress_every: Option<Duration>,
+    /// The revision of the last event or progress delivered.
+    reported: Revision,
+    /// Since when `seen` has been ahead of `reported` with nothing queued.
+    ahead_since: Option<tokio::time::Instant>,
 }
 
 impl Watcher {
@@ -715,10 +723,11 @@ impl Watcher {
         Ok(())
     }
 
-    async fn next(&mut self) -> Option<Result<Event>> {
+    async fn next(&mut self) -> Option<Result<WatchItem>> {
         loop {
             if let Some(ev) = self.queued.pop_front() {
-                return Some(Ok(ev));
+                self.reported = ev.revision;
+                return Some(Ok(WatchItem::Event(ev)));
             }
             if self.done {
                 return None;
@@ -730,7 +739,22 @@ impl Watcher {
                 }
                 continue;
             }
-            match self.live.recv().await {
+            let due = self.ahead_since.zip(self.progress_every).map(|(since, every)| since + every);
+            let received = match due {
+                Some(due) => tokio::select! {
+                    received = self.live.recv() => received,
+                    () = tokio::time::sleep_until(due) => {
+                        self.ahead_since = None;
+                        if self.seen > self.reported {
+                            self.reported = self.seen;
+                            return Some(Ok(WatchItem::Progress(self.seen)));
+                        }
+                        continue;
+                    }
+                },
+                None => self.live.recv().await,
+            };
+            match received {
                 Ok(batch) => {
                     for ev in batch.iter() {
                         if ev.revision > self.seen && ev.key.starts_with(&self.prefix) {
@@ -739,6 +763,9 @@ impl Watcher {
                     }
                     if let Some(last) = batch.last() {
                         self.seen = self.seen.max(last.revision);
+                    }
+                    if self.progress_every.is_some() && self.ahead_since.is_none() && self.seen > self.reported {
+                        self.ahead_since = Some(tokio::time::Instant::now());
                     }
                 }
                 // Missed batches are committed, so the database has them (or they were
@@ -750,6 +777,40 @@ impl Watcher {
                 }
             }
         }
+    }
+}
+
+impl SqliteStore {
+    /// The watch behind [`Store::watch`] and [`Store::watch_with_progress`].
+    async fn watch_items(
+        &self,
+        prefix: &str,
+        after: Revision,
+        progress_every: Option<Duration>,
+    ) -> Result<ProgressStream> {
+        if after < 0 {
+            return Err(StoreError::Invalid(format!("negative revision {after}")));
+        }
+        let (lo, hi) = key_range(prefix, None);
+        let mut watcher = Watcher {
+            reads: self.reads.clone(),
+            // Subscribe before reading history so nothing committed meanwhile is missed.
+            live: self.events.subscribe(),
+            prefix: prefix.to_owned(),
+            lo,
+            hi,
+            seen: after,
+            replaying: true,
+            queued: VecDeque::new(),
+            chunk: self.replay_chunk,
+            done: false,
+            progress_every,
+            reported: after,
+            ahead_since: None,
+        };
+        // The first chunk is read now so that a compacted `after` fails the call itself.
+        watcher.replay().await?;
+        Ok(Box::pin(futures::stream::unfold(watcher, |mut w| async move { w.next().await.map(|item| (item, w)) })))
     }
 }
 
@@ -791,26 +852,18 @@ impl Store for SqliteStore {
     }
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream> {
-        if after < 0 {
-            return Err(StoreError::Invalid(format!("negative revision {after}")));
-        }
-        let (lo, hi) = key_range(prefix, None);
-        let mut watcher = Watcher {
-            reads: self.reads.clone(),
-            // Subscribe before reading history so nothing committed meanwhile is missed.
-            live: self.events.subscribe(),
-            prefix: prefix.to_owned(),
-            lo,
-            hi,
-            seen: after,
-            replaying: true,
-            queued: VecDeque::new(),
-            chunk: self.replay_chunk,
-            done: false,
-        };
-        // The first chunk is read now so that a compacted `after` fails the call itself.
-        watcher.replay().await?;
-        Ok(Box::pin(futures::stream::unfold(watcher, |mut w| async move { w.next().await.map(|item| (item, w)) })))
+        let items = self.watch_items(prefix, after, None).await?;
+        Ok(Box::pin(items.filter_map(|item| {
+            std::future::ready(match item {
+                Ok(WatchItem::Event(ev)) => Some(Ok(ev)),
+                Ok(WatchItem::Progress(_)) => None,
+                Err(e) => Some(Err(e)),
+            })
+        })))
+    }
+
+    async fn watch_with_progress(&self, prefix: &str, after: Revision) -> Result<ProgressStream> {
+        self.watch_items(prefix, after, Some(PROGRESS_INTERVAL)).await
     }
 
     async fn current_revision(&self) -> Result<Revision> {

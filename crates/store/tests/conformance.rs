@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use berth_store::etcd::{EtcdOptions, EtcdStore};
 use berth_store::sqlite::SqliteStore;
-use berth_store::{Event, EventKind, ListOptions, Revision, Store, StoreError, WatchStream};
+use berth_store::{Event, EventKind, ListOptions, Revision, Store, StoreError, WatchItem, WatchStream};
 use futures::StreamExt;
 
 mod support {
@@ -196,6 +196,7 @@ conformance! {
         watch_from_the_current_revision_sees_only_later_writes,
         concurrent_creates_get_distinct_revisions_and_a_watcher_sees_each_once_in_order,
         a_list_and_a_watch_replay_larger_than_four_megabytes_are_read_whole,
+        a_watch_with_progress_of_a_quiet_prefix_learns_the_revisions_of_other_writes,
     ],
     own_etcd: [
         compacted_revision_is_gone_for_watchers_and_lists_but_current_data_survives,
@@ -485,6 +486,31 @@ async fn watch_only_sees_keys_under_its_prefix(s: &dyn Store) {
     let got = [next_event(&mut w).await, next_event(&mut w).await];
     assert_eq!(got.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), ["/p/ab/1", "/p/ab/2"]);
     assert_quiet(&mut w).await;
+}
+
+async fn a_watch_with_progress_of_a_quiet_prefix_learns_the_revisions_of_other_writes(s: &dyn Store) {
+    let start = s.current_revision().await.expect("rev");
+    let mut w = s.watch_with_progress("/quiet/", start).await.expect("watch");
+    let own = s.create("/quiet/1", b"in".to_vec()).await.expect("own write");
+    let other = s.create("/busy/1", b"out".to_vec()).await.expect("other write");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut events = Vec::new();
+    loop {
+        let item = tokio::time::timeout_at(deadline, w.next()).await;
+        match item {
+            Ok(Some(Ok(WatchItem::Event(ev)))) => events.push((ev.key, ev.revision)),
+            Ok(Some(Ok(WatchItem::Progress(rev)))) if rev >= other.mod_revision => break,
+            Ok(Some(Ok(WatchItem::Progress(rev)))) => assert!(rev >= start, "progress {rev} went back before {start}"),
+            Ok(Some(Err(e))) => panic!("watch failed: {e:?}"),
+            Ok(None) => panic!("watch ended"),
+            Err(_) => panic!("no progress up to {} within {WAIT:?}", other.mod_revision),
+        }
+    }
+    assert_eq!(
+        events,
+        [("/quiet/1".to_string(), own.mod_revision)],
+        "the prefix's event comes before the progress past it"
+    );
 }
 
 async fn watch_of_a_delete_carries_the_previous_value(s: &dyn Store) {

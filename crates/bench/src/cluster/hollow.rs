@@ -40,8 +40,9 @@ use crate::scheduler::objects;
 pub const LEASE_RENEW_INTERVAL: Duration = Duration::from_secs(10);
 const LEASE_DURATION_SECONDS: i32 = 40;
 const LEASE_NAMESPACE: &str = "kube-node-lease";
-/// How often an unchanged node status is still reported (kubelet's `nodeStatusReportFrequency`).
-pub const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(60);
+/// How often an unchanged node status is still reported: the agent's interval, and kubelet's
+/// default `nodeStatusReportFrequency`.
+pub const STATUS_REPORT_INTERVAL: Duration = Duration::from_secs(300);
 /// Tries of one pod status patch before the pod is given up (and counted).
 const PATCH_TRIES: u32 = 5;
 

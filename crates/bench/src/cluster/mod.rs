@@ -13,9 +13,9 @@
 //! zones and a few tainted nodes as the scheduler bench makes them) and waits until each node's
 //! watch of its pods is open. Then, with its own watch of all pods open:
 //!
-//! 1. it creates one Deployment per RuntimeClass, together `--pods` replicas; the ReplicaSet
-//!    controller creates the pods, the scheduler binds them, each hollow node reports its pods
-//!    Running;
+//! 1. it creates one Deployment per RuntimeClass, together `--pods` replicas — at once, or
+//!    scaled up step by step at `--create-rate` pods per second; the ReplicaSet controller
+//!    creates the pods, the scheduler binds them, each hollow node reports its pods Running;
 //! 2. meanwhile a sampler GETs a random pod every 100 ms, `GET /api/v1/pods` lists every pod
 //!    once half of them run and twice more after all do, and `/proc` gives the server's (the
 //!    bench's, etcd's) RSS and CPU every second;
@@ -92,6 +92,12 @@ pub struct ClusterArgs {
     /// Seconds with every pod Running and only heartbeats going, before the server is stopped.
     #[arg(long, default_value_t = 20)]
     hold_secs: u64,
+    /// Pods per second the Deployments are scaled up at (0: all replicas at once). Kubernetes'
+    /// startup SLO is met by clusters whose controllers create pods at a bounded rate (its
+    /// controller manager's client allows 20 requests per second by default); at 0 the run
+    /// measures how fast the pods can all be placed, and their startup includes the queue.
+    #[arg(long, default_value_t = 0.0)]
+    create_rate: f64,
     /// Pod status patches in flight, over all hollow nodes.
     #[arg(long, default_value_t = 64)]
     status_workers: usize,
@@ -141,6 +147,16 @@ pub fn replicas(pods: usize) -> Vec<usize> {
     (0..classes).map(|c| crate::stats::share(pods, classes, c)).collect()
 }
 
+/// Replicas of each class's Deployment `elapsed` into a run that scales them up to `pods` in
+/// all at `rate` pods per second (at once for 0). Never fewer than a moment before.
+pub fn paced_replicas(pods: usize, rate: f64, elapsed: Duration) -> Vec<usize> {
+    if rate <= 0.0 {
+        return replicas(pods);
+    }
+    let due = (rate * elapsed.as_secs_f64()).floor();
+    replicas(if due >= pods as f64 { pods } else { due as usize })
+}
+
 /// Why `pods` could not all fit on `nodes` hollow nodes, if they could not.
 pub fn unfit(nodes: usize, pods: usize) -> Option<String> {
     for ((class, handler), n) in objects::CLASSES.iter().zip(replicas(pods)) {
@@ -158,6 +174,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         args.nodes > 0 && args.pods > 0 && args.status_workers > 0,
         "--nodes, --pods and --status-workers must be positive"
     );
+    ensure!(args.create_rate >= 0.0 && args.create_rate.is_finite(), "--create-rate must be 0 or more");
     ensure!(
         args.register_concurrency > 0 && args.heartbeat_workers > 0,
         "--register-concurrency and --heartbeat-workers must be positive"
@@ -197,7 +214,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         let kept = dir.keep();
         eprintln!("run directory kept: {}", kept.display());
     }
-    let report = Report { status_workers: args.status_workers, runs: results };
+    let report = Report { status_workers: args.status_workers, create_rate: args.create_rate, runs: results };
     report.print();
     crate::finish_run(args.json.as_deref(), || report.to_json(), started)
 }
@@ -233,6 +250,21 @@ mod tests {
         assert_eq!(p[2].store, Store::Etcd);
         assert_eq!(plans(&[Store::Sqlite], 100, 1000, true).len(), 1, "no comparison with itself");
         assert_eq!(plans(&[Store::Sqlite], 1000, 30_000, false).len(), 1);
+    }
+
+    #[test]
+    fn a_paced_run_scales_the_deployments_up_evenly_to_the_whole_count() {
+        assert_eq!(paced_replicas(900, 0.0, Duration::ZERO), vec![300, 300, 300], "0 is all at once");
+        assert_eq!(paced_replicas(900, 100.0, Duration::ZERO), vec![0, 0, 0]);
+        assert_eq!(paced_replicas(900, 100.0, Duration::from_millis(1500)), vec![50, 50, 50]);
+        assert_eq!(paced_replicas(900, 100.0, Duration::from_millis(1010)).iter().sum::<usize>(), 101);
+        assert_eq!(paced_replicas(900, 100.0, Duration::from_secs(60)), vec![300, 300, 300], "never beyond");
+        let mut before = vec![0; 3];
+        for ms in (0..10_000).step_by(37) {
+            let now = paced_replicas(900, 100.0, Duration::from_millis(ms));
+            assert!(now.iter().zip(&before).all(|(n, b)| n >= b), "a class never scales down");
+            before = now;
+        }
     }
 
     #[test]

@@ -28,6 +28,8 @@ fn print_window(span: Duration) -> Duration {
 
 pub struct Report {
     pub status_workers: usize,
+    /// Pods per second the Deployments were scaled up at; 0: all at once.
+    pub create_rate: f64,
     pub runs: Vec<RunResult>,
 }
 
@@ -44,8 +46,13 @@ impl Report {
         println!();
         println!(
             "berth-bench cluster: hollow nodes against berth server (scheduler and controllers in process), \
-             pod status patches ≤ {} in flight",
-            self.status_workers
+             pod status patches ≤ {} in flight, {}",
+            self.status_workers,
+            if self.create_rate > 0.0 {
+                format!("Deployments scaled up at {} pods/s", self.create_rate)
+            } else {
+                "all replicas at once".to_string()
+            }
         );
         println!();
         let pods: Vec<PodFigures> = self.runs.iter().map(RunResult::pods).collect();
@@ -177,6 +184,7 @@ impl Report {
     pub fn to_json(&self) -> Value {
         json!({
             "status_workers": self.status_workers,
+            "create_rate": self.create_rate,
             "targets": {
                 "pod_startup_p99_s": STARTUP_P99_TARGET_S,
                 "mutating_p99_ms": MUTATING_P99_TARGET_MS,

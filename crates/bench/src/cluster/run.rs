@@ -11,14 +11,14 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::node::v1::RuntimeClass;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::calls::ApiCalls;
 use super::hollow::{self, Fleet, Workers};
 use super::observe::{self, Listing, PodWatch};
 use super::result::{LogSummary, Outcome, RunResult};
-use super::{ClusterArgs, Plan, Store, replicas, usage};
+use super::{ClusterArgs, Plan, Store, paced_replicas, usage};
 use crate::agent::cluster;
 use crate::etcd_server::EtcdServer;
 use crate::scheduler::objects;
@@ -29,6 +29,8 @@ const APP_LABEL: &str = "berth-bench-cluster";
 const REGISTER_PATIENCE: Duration = Duration::from_secs(600);
 /// How long one list of all pods may take before it is given up.
 const LIST_PATIENCE: Duration = Duration::from_secs(120);
+/// How often a paced run scales its Deployments up.
+const SCALE_STEP: Duration = Duration::from_millis(500);
 /// How often the run's progress is looked at.
 const POLL: Duration = Duration::from_millis(200);
 
@@ -204,12 +206,15 @@ async fn measure(
     let gets = AbortOnDrop(vec![observe::sample_gets(observer.clone(), NAMESPACE, watch.times.clone(), calls.clone())]);
     let origin = Instant::now();
     result.deployments_at = Some(origin);
-    for ((class, _), n) in objects::CLASSES.iter().zip(replicas(plan.pods)) {
-        Api::<Deployment>::namespaced(admin.clone(), NAMESPACE)
+    let deployments = Api::<Deployment>::namespaced(admin.clone(), NAMESPACE);
+    let first = paced_replicas(plan.pods, args.create_rate, Duration::ZERO);
+    for ((class, _), n) in objects::CLASSES.iter().zip(first.iter().copied()) {
+        deployments
             .create(&PostParams::default(), &deployment(class, n)?)
             .await
             .with_context(|| format!("creating the Deployment of {class}"))?;
     }
+    let scaling = AbortOnDrop(vec![tokio::spawn(scale_up(deployments, plan.pods, args.create_rate, origin, first))]);
 
     let mut during: Option<tokio::task::JoinHandle<Listing>> = None;
     let (mut last, mut last_change) = ((0, 0, 0), Instant::now());
@@ -264,13 +269,35 @@ async fn measure(
             () = limits.stopped() => {}
         }
     }
-    drop(gets);
+    drop((gets, scaling));
     result.observer_errors = watch.errors();
     result.times = Some(watch.stop());
     result.calls = calls.take();
     result.watch_errors = fleet.watch_errors.load(std::sync::atomic::Ordering::Relaxed);
     result.patches_given_up = fleet.patches_given_up.load(std::sync::atomic::Ordering::Relaxed);
     Ok(())
+}
+
+/// Scales the Deployments up to `pods` replicas in all at `rate` pods per second, from the
+/// replicas they were created with; a failed patch is tried again at the next step.
+async fn scale_up(deployments: Api<Deployment>, pods: usize, rate: f64, origin: Instant, mut have: Vec<usize>) {
+    let mut step = tokio::time::interval(SCALE_STEP);
+    step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while have.iter().sum::<usize>() < pods {
+        step.tick().await;
+        let want = paced_replicas(pods, rate, origin.elapsed());
+        for (((class, _), want), have) in objects::CLASSES.iter().zip(want).zip(have.iter_mut()) {
+            if want <= *have {
+                continue;
+            }
+            let patch = json!({"spec": {"replicas": want}});
+            let name = format!("hollow-{class}");
+            match deployments.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => *have = want,
+                Err(e) => eprintln!("  scaling {name} to {want}: {e}"),
+            }
+        }
+    }
 }
 
 async fn timed_list(client: &kube::Client, calls: &ApiCalls, origin: Instant) -> Listing {

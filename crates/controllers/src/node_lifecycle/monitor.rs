@@ -6,7 +6,7 @@
 //! Taint decisions use the Ready condition as the node store held it at the start of the pass,
 //! as upstream does: a node marked Unknown in one pass is queued for its taint in the next.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,8 +89,8 @@ impl Monitor {
                 self.mark_reachable(node).await;
             }
         }
-        let gone: Vec<String> =
-            self.known.keys().filter(|k| !nodes.iter().any(|n| name(n) == k.as_str())).cloned().collect();
+        let present: HashSet<&str> = nodes.iter().map(|n| name(n)).collect();
+        let gone: Vec<String> = self.known.keys().filter(|k| !present.contains(k.as_str())).cloned().collect();
         for n in gone {
             tracing::info!(node = n, "node lifecycle: node deleted");
             let uid = self.known.remove(&n).unwrap_or_default();

@@ -300,6 +300,7 @@ mod tests {
                 namespace_labels: &self.namespaces,
                 image_nodes: &self.images,
                 handler_bits: &self.handler_bits,
+                zone_pods: None,
             }
         }
 

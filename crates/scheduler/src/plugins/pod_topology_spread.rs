@@ -21,7 +21,7 @@ pub const ERR_MISSING_LABEL: &str = "node(s) didn't match pod topology spread co
 
 /// Scoring counts pods per node for this key, in `score`, instead of per domain in `pre_score`.
 const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
-const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+pub(crate) const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// Kubernetes' default system constraints, used when the pod has no constraints of its own and
 /// has a controlling owner: `kubernetes.io/hostname` maxSkew 3 and `topology.kubernetes.io/zone`
@@ -53,6 +53,22 @@ fn count_matching(selector: &PodMatcher, node: &NodeInfo, namespace: &str) -> i6
         _ => node.pods.iter().filter(|p| !p.terminating && p.namespace == namespace && selector.matches(p)).count()
             as i64,
     }
+}
+
+/// The zone counts the cache keeps for constraint `c`, when they are what a pass over the
+/// nodes would sum: the default zone spreading of a controller's pod that every node is
+/// eligible for. `Some(None)`: the controller has no pod anywhere.
+fn kept_zone_counts<'s>(
+    pod: &PodInfo,
+    c: &SpreadConstraint,
+    require_all: bool,
+    snapshot: &Snapshot<'s>,
+) -> Option<Option<&'s HashMap<String, i64>>> {
+    let zone_pods = snapshot.zone_pods?;
+    let PodMatcher::Controller(owner) = &c.selector else { return None };
+    let every_node = !c.honor_node_taints
+        && (!c.honor_node_affinity || (pod.node_selector.is_empty() && pod.required_node_affinity.is_none()));
+    (c.topology_key == LABEL_ZONE && !require_all && every_node).then(|| zone_pods.get(owner))
 }
 
 fn has_all_keys(labels: &BTreeMap<String, String>, constraints: &[SpreadConstraint]) -> bool {
@@ -212,15 +228,29 @@ impl Score {
             })
             .collect();
 
-        // Pods on every node of the cluster count, in the domains the feasible nodes have.
-        for node in snapshot.nodes {
+        // Pods on every node of the cluster count, in the domains the feasible nodes have: from
+        // the cache's zone counts where they are the same sums, else node by node (hostname
+        // counts are taken per node in `score`).
+        let mut scan = Vec::with_capacity(constraints.len());
+        for (c, domain) in constraints.iter().zip(counts.iter_mut()) {
+            let kept =
+                if c.topology_key == LABEL_HOSTNAME { None } else { kept_zone_counts(pod, c, require_all, snapshot) };
+            if let Some(zones) = kept {
+                for (value, n) in domain.iter_mut() {
+                    *n = zones.and_then(|z| z.get(value)).copied().unwrap_or(0);
+                }
+            }
+            scan.push(c.topology_key != LABEL_HOSTNAME && kept.is_none());
+        }
+        let scanned: &[NodeInfo] = if scan.contains(&true) { snapshot.nodes } else { &[] };
+        for node in scanned {
             let labels = &node.node.labels;
             if require_all && !has_all_keys(labels, &constraints) {
                 continue;
             }
             let mut inclusion = Inclusion::new(pod, &node.node);
-            for (c, domain) in constraints.iter().zip(counts.iter_mut()) {
-                if !inclusion.includes(c) {
+            for ((c, domain), scan) in constraints.iter().zip(counts.iter_mut()).zip(&scan) {
+                if !*scan || !inclusion.includes(c) {
                     continue;
                 }
                 let value = labels.get(&c.topology_key).map_or("", String::as_str);
@@ -360,6 +390,7 @@ mod tests {
                 namespace_labels: &self.namespaces,
                 image_nodes: &self.images,
                 handler_bits: &self.handler_bits,
+                zone_pods: None,
             }
         }
 
@@ -619,6 +650,39 @@ mod tests {
         assert_eq!(raw, vec![14, 13, 6, 2]);
         assert!(normalized[3] > normalized[2] && normalized[2] > normalized[1] && normalized[1] > normalized[0]);
         assert_eq!(normalized, vec![14, 21, 71, 100]);
+    }
+
+    #[test]
+    fn the_caches_zone_counts_score_as_the_pass_over_every_node_does() {
+        let c = Cluster::new(vec![
+            node("n1", Some("a"), vec![replica("r1", "rs-1"), replica("r2", "rs-1")]),
+            node("n2", Some("a"), vec![replica("r3", "rs-1"), replica("o3", "rs-2")]),
+            node("n3", Some("b"), vec![replica("o1", "rs-2"), replica("o2", "rs-2")]),
+            node("n4", None, vec![replica("r5", "rs-1")]),
+            node("n5", Some("c"), vec![]),
+        ]);
+        let mut cache = crate::cache::Cache::new();
+        for n in &c.nodes {
+            cache.set_node(n.node.clone());
+            for p in &n.pods {
+                let mut bound = (**p).clone();
+                bound.node_name = n.name().to_string();
+                cache.add_pod(bound);
+            }
+        }
+        let mut pinned = replica("r7", "rs-1");
+        pinned.node_selector.insert(HOST.into(), "n2".into());
+        for p in [replica("r4", "rs-1"), replica("o4", "rs-2"), replica("x1", "rs-new"), pinned] {
+            let snapshot = cache.snapshot();
+            assert!(snapshot.zone_pods.is_some());
+            let feasible: Vec<&NodeInfo> = snapshot.nodes.iter().collect();
+            let kept = Score::pre_score(&p, &snapshot, &feasible).unwrap();
+            let by_name = |name: &str| c.nodes.iter().position(|n| n.name() == name).unwrap();
+            let (passed, _) = c.scores(&p).unwrap();
+            let from_cache: Vec<i64> = feasible.iter().map(|n| kept.score(n)).collect();
+            let from_pass: Vec<i64> = feasible.iter().map(|n| passed[by_name(n.name())]).collect();
+            assert_eq!(from_cache, from_pass, "{}", p.name);
+        }
     }
 
     #[test]

@@ -18,10 +18,12 @@ use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions,
 };
+use futures::StreamExt;
 
 use crate::sqlite::prefix_end;
 use crate::{
-    Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, Result, Revision, Store, StoreError, WatchStream,
+    Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, ProgressStream, Result, Revision, Store, StoreError,
+    WatchItem, WatchStream,
 };
 use members::{Answer, Bound, CallError, Members, Timing};
 use watch::{OpenError, Watched};
@@ -291,6 +293,31 @@ impl Keys {
     }
 }
 
+impl EtcdStore {
+    /// The watch behind [`Store::watch`] and [`Store::watch_with_progress`].
+    async fn watch_items(&self, prefix: &str, after: Revision, progress: bool) -> Result<ProgressStream> {
+        if after < 0 {
+            return Err(StoreError::Invalid(format!("negative revision {after}")));
+        }
+        let known = self.compacted.load(Ordering::SeqCst);
+        // etcd would still serve `after + 1 == compacted`; the contract says `after` itself
+        // must not be compacted, which a read at `after` tells exactly.
+        if after < known || !self.readable(after.max(1)).await? {
+            return Err(self.compacted_error(after).await);
+        }
+        let (start, end) = self.range(prefix, None);
+        let watched = Watched { members: self.members.clone(), keys: self.keys.clone(), start, end };
+        match watched.stream(after, progress).await {
+            Ok(stream) => Ok(stream),
+            Err(OpenError::Compacted(compacted)) => {
+                self.compacted.fetch_max(compacted, Ordering::SeqCst);
+                Err(StoreError::Compacted { requested: after, compacted })
+            }
+            Err(OpenError::Other(e)) => Err(e),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     fn backend(&self) -> &'static str {
@@ -430,25 +457,18 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream> {
-        if after < 0 {
-            return Err(StoreError::Invalid(format!("negative revision {after}")));
-        }
-        let known = self.compacted.load(Ordering::SeqCst);
-        // etcd would still serve `after + 1 == compacted`; the contract says `after` itself
-        // must not be compacted, which a read at `after` tells exactly.
-        if after < known || !self.readable(after.max(1)).await? {
-            return Err(self.compacted_error(after).await);
-        }
-        let (start, end) = self.range(prefix, None);
-        let watched = Watched { members: self.members.clone(), keys: self.keys.clone(), start, end };
-        match watched.stream(after).await {
-            Ok(stream) => Ok(stream),
-            Err(OpenError::Compacted(compacted)) => {
-                self.compacted.fetch_max(compacted, Ordering::SeqCst);
-                Err(StoreError::Compacted { requested: after, compacted })
-            }
-            Err(OpenError::Other(e)) => Err(e),
-        }
+        let items = self.watch_items(prefix, after, false).await?;
+        Ok(Box::pin(items.filter_map(|item| {
+            std::future::ready(match item {
+                Ok(WatchItem::Event(ev)) => Some(Ok(ev)),
+                Ok(WatchItem::Progress(_)) => None,
+                Err(e) => Some(Err(e)),
+            })
+        })))
+    }
+
+    async fn watch_with_progress(&self, prefix: &str, after: Revision) -> Result<ProgressStream> {
+        self.watch_items(prefix, after, true).await
     }
 
     async fn current_revision(&self) -> Result<Revision> {

@@ -2,6 +2,10 @@
 //! the watch is opened again on another member from the revision after the last event it
 //! delivered, so no event is lost or repeated. Only compaction of that revision, or no member
 //! answering for the failover time, ends the stream with an error.
+//!
+//! A watch with progress asks its member for a progress notification every
+//! [`PROGRESS_INTERVAL`]: etcd answers, once the watch has caught up, with the store's
+//! revision, and every event up to it has been sent.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,7 +14,7 @@ use etcd_client::{Client, WatchOptions, WatchResponse, WatchStream as EtcdStream
 
 use super::members::{Answer, Bound, Members};
 use super::{Keys, MAX_RESPONSE};
-use crate::{Event, Result, Revision, StoreError, WatchStream};
+use crate::{PROGRESS_INTERVAL, ProgressStream, Result, Revision, StoreError, WatchItem};
 
 /// A watch's key range and the members to open it on.
 pub(super) struct Watched {
@@ -62,10 +66,21 @@ impl Watched {
         }
     }
 
-    /// The stream of events after `after`, on whichever members answer.
-    pub(super) async fn stream(self, after: Revision) -> std::result::Result<WatchStream, OpenError> {
+    /// The stream of events after `after`, on whichever members answer; with progress
+    /// reports if `progress`.
+    pub(super) async fn stream(
+        self,
+        after: Revision,
+        progress: bool,
+    ) -> std::result::Result<ProgressStream, OpenError> {
         let (opened, first) = self.open(after).await?;
-        let mut state = ResumingWatch { watched: self, opened: Some(opened), queued: VecDeque::new(), last: after };
+        let mut state = ResumingWatch {
+            watched: self,
+            opened: Some(opened),
+            queued: VecDeque::new(),
+            last: after,
+            progress: progress.then(|| tokio::time::Instant::now() + PROGRESS_INTERVAL),
+        };
         state.absorb(first);
         Ok(Box::pin(futures::stream::unfold(state, |mut w| async move { w.next().await.map(|item| (item, w)) })))
     }
@@ -75,9 +90,11 @@ struct ResumingWatch {
     watched: Watched,
     /// `None` once the stream has ended for good.
     opened: Option<Opened>,
-    queued: VecDeque<Result<Event>>,
-    /// The revision of the last event queued: a resumed watch starts after it.
+    queued: VecDeque<Result<WatchItem>>,
+    /// The revision of the last event or progress queued: a resumed watch starts after it.
     last: Revision,
+    /// For a watch with progress: when to ask for the next progress notification.
+    progress: Option<tokio::time::Instant>,
 }
 
 /// What one response from etcd means for the watch.
@@ -97,6 +114,15 @@ impl ResumingWatch {
             }
             return Absorbed::Canceled(format!("etcd canceled the watch: {}", resp.cancel_reason()));
         }
+        // A progress notification: no events, not the answer to the watch's creation.
+        if resp.events().is_empty() && !resp.created() {
+            let revision = resp.header().map_or(0, |h| h.revision());
+            if self.progress.is_some() && revision > self.last {
+                self.last = revision;
+                self.queued.push_back(Ok(WatchItem::Progress(revision)));
+            }
+            return Absorbed::Events;
+        }
         for ev in resp.events() {
             let ev = self.watched.keys.event(ev);
             match &ev {
@@ -105,7 +131,7 @@ impl ResumingWatch {
                 Ok(ev) => self.last = ev.revision,
                 Err(_) => {}
             }
-            self.queued.push_back(ev);
+            self.queued.push_back(ev.map(WatchItem::Event));
         }
         Absorbed::Events
     }
@@ -135,7 +161,7 @@ impl ResumingWatch {
         }
     }
 
-    async fn next(&mut self) -> Option<Result<Event>> {
+    async fn next(&mut self) -> Option<Result<WatchItem>> {
         loop {
             if let Some(item) = self.queued.pop_front() {
                 if item.is_err() {
@@ -145,7 +171,19 @@ impl ResumingWatch {
                 return Some(item);
             }
             let opened = self.opened.as_mut()?;
-            let why = match opened.stream.message().await {
+            let message = match self.progress {
+                Some(due) => tokio::select! {
+                    message = opened.stream.message() => message,
+                    () = tokio::time::sleep_until(due) => {
+                        self.progress = Some(tokio::time::Instant::now() + PROGRESS_INTERVAL);
+                        // A refused request shows as a broken stream on the next read.
+                        let _ = opened.stream.request_progress().await;
+                        continue;
+                    }
+                },
+                None => opened.stream.message().await,
+            };
+            let why = match message {
                 Ok(Some(resp)) => match self.absorb(resp) {
                     Absorbed::Events => continue,
                     Absorbed::Canceled(why) => why,
