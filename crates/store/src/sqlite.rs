@@ -609,39 +609,16 @@ fn list_at(conn: &mut Connection, prefix: &str, opts: &ListOptions) -> Result<Li
         Some(n) if n > 0 => i64::try_from(n).unwrap_or(i64::MAX - 1) + 1,
         _ => -1,
     };
-    let sql = if revision == current {
-        format!(
-            "SELECT key, value, create_revision, mod_revision FROM kv WHERE {} \
-             ORDER BY key LIMIT ?3",
+    let mut items = if revision == current {
+        let sql = format!(
+            "SELECT key, value, create_revision, mod_revision FROM kv WHERE {} ORDER BY key LIMIT ?3",
             range_clause("key", &hi)
-        )
-    } else {
-        // The snapshot at `revision`: keys untouched since are as they are now; a key touched
-        // since is as its first later event found it (absent if that event created it).
-        format!(
-            "WITH touched AS (
-                 SELECT key, MIN(revision) AS first FROM events
-                 WHERE revision > ?4 AND {range_e} GROUP BY key
-             )
-             SELECT key, value, create_revision, mod_revision FROM kv
-             WHERE {range_kv} AND key NOT IN (SELECT key FROM touched)
-             UNION ALL
-             SELECT e.key, e.prev_value, e.create_revision, e.prev_mod_revision
-             FROM touched t JOIN events e ON e.revision = t.first
-             WHERE e.prev_mod_revision > 0
-             ORDER BY 1 LIMIT ?3",
-            range_e = range_clause("key", &hi),
-            range_kv = range_clause("key", &hi),
-        )
-    };
-    let mut items = {
+        );
         let mut stmt = tx.prepare_cached(&sql).map_err(sql_err)?;
-        let rows = if revision == current {
-            stmt.query_map(params![lo, hi, fetch], row_to_kv)
-        } else {
-            stmt.query_map(params![lo, hi, fetch, revision], row_to_kv)
-        };
+        let rows = stmt.query_map(params![lo, hi, fetch], row_to_kv);
         rows.and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>()).map_err(sql_err)?
+    } else {
+        snapshot_page(&tx, &lo, &hi, fetch, revision).map_err(sql_err)?
     };
     tx.finish().map_err(sql_err)?;
     let more = fetch > 0 && items.len() as i64 == fetch;
@@ -649,6 +626,60 @@ fn list_at(conn: &mut Connection, prefix: &str, opts: &ListOptions) -> Result<Li
         items.pop();
     }
     Ok(ListResult { items, revision, more })
+}
+
+/// A page of the snapshot at `revision`: `fetch` keys from `lo` on, or every key to `hi` for a
+/// negative `fetch`. Keys untouched since `revision` are as they are now; a key touched since
+/// is as its first later event found it (absent if that event created it).
+///
+/// The snapshot query sorts every key of its range, so a page of a large prefix is asked for a
+/// range that ends at the `window`th current key from `lo`: the snapshot there has as many keys,
+/// less those created since `revision`, plus those deleted since. If that falls short of a
+/// page, the window doubles until it holds one or reaches `hi`. A whole list, read page by page,
+/// so costs in proportion to its size, not to its size squared.
+fn snapshot_page(
+    tx: &rusqlite::Transaction<'_>,
+    lo: &[u8],
+    hi: &Option<Vec<u8>>,
+    fetch: i64,
+    revision: Revision,
+) -> rusqlite::Result<Vec<KeyValue>> {
+    let mut window = fetch;
+    loop {
+        let bound: Option<Vec<u8>> = if window > 0 {
+            let nth = format!("SELECT key FROM kv WHERE {} ORDER BY key LIMIT 1 OFFSET ?3", range_clause("key", hi));
+            tx.prepare_cached(&nth)?.query_row(params![lo, hi, window - 1], |r| r.get(0)).optional()?
+        } else {
+            None
+        };
+        // Up to and including the bound.
+        let end = bound.map(|mut b| {
+            b.push(0);
+            b
+        });
+        let page_hi = if end.is_some() { &end } else { hi };
+        let sql = format!(
+            "WITH touched AS (
+                 SELECT key, MIN(revision) AS first FROM events
+                 WHERE revision > ?4 AND {range} GROUP BY key
+             )
+             SELECT key, value, create_revision, mod_revision FROM kv
+             WHERE {range} AND key NOT IN (SELECT key FROM touched)
+             UNION ALL
+             SELECT e.key, e.prev_value, e.create_revision, e.prev_mod_revision
+             FROM touched t JOIN events e ON e.revision = t.first
+             WHERE e.prev_mod_revision > 0
+             ORDER BY 1 LIMIT ?3",
+            range = range_clause("key", page_hi),
+        );
+        let mut stmt = tx.prepare_cached(&sql)?;
+        let items =
+            stmt.query_map(params![lo, page_hi, fetch, revision], row_to_kv)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        if end.is_none() || items.len() as i64 >= fetch {
+            return Ok(items);
+        }
+        window = window.saturating_mul(2);
+    }
 }
 
 /// One chunk of history for a watcher: events under the range after `after`, and the revision

@@ -189,6 +189,7 @@ conformance! {
         list_returns_keys_in_order_without_sibling_prefixes,
         pagination_returns_every_key_once_and_more_until_the_last_page,
         list_at_an_older_revision_returns_that_snapshot,
+        pages_at_an_older_revision_skip_keys_created_since_and_keep_keys_deleted_since,
         list_at_a_future_revision_is_invalid,
         watch_replays_history_then_streams_live_events_with_prev_value,
         watch_only_sees_keys_under_its_prefix,
@@ -424,6 +425,40 @@ async fn list_at_an_older_revision_returns_that_snapshot(s: &dyn Store) {
     // Between: right after b's creation only a and b existed.
     let mid = s.list("/snap/", &at(b.mod_revision)).await.expect("list at b");
     assert_eq!(mid.items, vec![a, b]);
+}
+
+async fn pages_at_an_older_revision_skip_keys_created_since_and_keep_keys_deleted_since(s: &dyn Store) {
+    let mut then = Vec::new();
+    for i in 0..30 {
+        then.push(s.create(&format!("/churn/k{i:02}"), vec![i]).await.expect("create"));
+    }
+    let snapshot = s.list("/churn/", &ListOptions::default()).await.expect("snapshot");
+    // After it: three new keys around every old one, every third old key deleted, every fifth
+    // updated, so that most pages' worth of current keys hold fewer snapshot keys.
+    for (i, kv) in then.iter().enumerate() {
+        for suffix in ["a", "b", "c"] {
+            s.create(&format!("/churn/k{i:02}{suffix}"), b"new".to_vec()).await.expect("create since");
+        }
+        if i % 3 == 0 {
+            s.delete(&kv.key, None).await.expect("delete since");
+        } else if i % 5 == 0 {
+            s.update(&kv.key, b"changed".to_vec(), kv.mod_revision).await.expect("update since");
+        }
+    }
+    let mut got = Vec::new();
+    let mut start_key = None;
+    loop {
+        let opts = ListOptions { revision: Some(snapshot.revision), start_key: start_key.clone(), limit: Some(4) };
+        let page = s.list("/churn/", &opts).await.expect("page");
+        got.extend(page.items.iter().cloned());
+        if !page.more {
+            break;
+        }
+        assert_eq!(page.items.len(), 4, "a page with more must be full");
+        start_key = Some(format!("{}\0", page.items.last().expect("a full page").key));
+        assert!(got.len() <= then.len(), "pagination does not end");
+    }
+    assert_eq!(got, then, "every key of the snapshot once, as it was");
 }
 
 async fn list_at_a_future_revision_is_invalid(s: &dyn Store) {
