@@ -698,12 +698,15 @@ impl<'a> Sync<'a> {
         if scaled_down {
             return self.sync_rollout_status(&fam).await;
         }
-        let pods = self.dc.pods.state();
+        let owned: Vec<(&str, Vec<Arc<Pod>>)> = rs_list
+            .iter()
+            .filter_map(|rs| rs.metadata.uid.as_deref())
+            .map(|uid| (uid, self.dc.ctx.pods().of_controller(uid)))
+            .collect();
         let mut by_rs: HashMap<String, Vec<&Pod>> = HashMap::new();
-        let uids: Vec<&str> = rs_list.iter().filter_map(|rs| rs.metadata.uid.as_deref()).collect();
-        for pod in pods.iter().filter(|p| p.metadata.namespace == self.d.metadata.namespace && has_hash_label(p)) {
-            if let Some(c) = controller_of(&pod.metadata).filter(|c| uids.contains(&c.uid.as_str())) {
-                by_rs.entry(c.uid.clone()).or_default().push(pod);
+        for (uid, pods) in &owned {
+            for pod in pods.iter().filter(|p| has_hash_label(p)) {
+                by_rs.entry((*uid).to_owned()).or_default().push(pod);
             }
         }
         if rollout::old_pods_running(fam.new.as_ref(), &fam.old(), &by_rs) {

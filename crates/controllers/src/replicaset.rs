@@ -253,19 +253,16 @@ impl<K: Replicated> Rsc<K> {
             }
         };
         let namespace = rs.meta().namespace.clone().unwrap_or_default();
-        let all_pods = self.pods.state();
-        let active: Vec<&Pod> = all_pods
-            .iter()
-            .map(|p| p.as_ref())
-            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()) && pods::is_active(p))
-            .collect();
+        // Pods other controllers own are never claimed: its own and the orphans are the ones.
+        let candidates = self.ctx.pods().claimable(&namespace, rs.meta().uid.as_deref().unwrap_or_default());
+        let active: Vec<&Pod> = candidates.iter().map(|p| p.as_ref()).filter(|p| pods::is_active(p)).collect();
         let claim = replicas::claim(&**rs, &selector, &active);
         let adopted = self.adopt_and_release(rs, key, &claim).await?;
         let mut mine: Vec<&Pod> = claim.owned.clone();
         mine.extend(adopted.iter());
 
         let failure = if needs_sync && rs.meta().deletion_timestamp.is_none() {
-            self.manage_replicas(rs, key, &mine, &all_pods).await.err()
+            self.manage_replicas(rs, key, &mine).await.err()
         } else {
             None
         };
@@ -337,7 +334,7 @@ impl<K: Replicated> Rsc<K> {
     }
 
     /// Creates or deletes pods to reach `spec.replicas` (`manageReplicas`).
-    async fn manage_replicas(&self, rs: &Arc<K>, key: &str, mine: &[&Pod], all_pods: &[Arc<Pod>]) -> Result<(), Error> {
+    async fn manage_replicas(&self, rs: &Arc<K>, key: &str, mine: &[&Pod]) -> Result<(), Error> {
         let want = usize::try_from(rs.replicas()).unwrap_or(0);
         let have = mine.len();
         if have < want {
@@ -355,7 +352,7 @@ impl<K: Replicated> Rsc<K> {
             }
         } else if have > want {
             let count = (have - want).min(BURST_REPLICAS);
-            let related = self.related_pods(rs, all_pods);
+            let related = self.related_pods(rs);
             let related: Vec<&Pod> = related.iter().map(|p| p.as_ref()).collect();
             let victims = pods::pods_to_delete(mine, &related, count);
             let keys = victims.iter().map(|p| key_of(&p.metadata));
@@ -433,7 +430,7 @@ impl<K: Replicated> Rsc<K> {
 
     /// The pods of every ReplicaSet with the same controller (a Deployment's other revisions),
     /// used to prefer deleting pods doubled up on a node (`getIndirectlyRelatedPods`).
-    fn related_pods(&self, rs: &K, all_pods: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+    fn related_pods(&self, rs: &K) -> Vec<Arc<Pod>> {
         let Some(controller) = controller_of(rs.meta()) else { return Vec::new() };
         let namespace = rs.meta().namespace.as_deref();
         let selectors: Vec<LabelSelector> = self
@@ -445,7 +442,8 @@ impl<K: Replicated> Rsc<K> {
             .filter_map(|r| r.has_spec().then(|| r.selector().ok()).flatten())
             .collect();
         let empty = Default::default();
-        all_pods
+        self.pods
+            .state()
             .iter()
             .filter(|p| p.metadata.namespace.as_deref() == namespace)
             .filter(|p| {
