@@ -208,7 +208,7 @@ impl SqliteStore {
         let reads = Arc::new(ReadPool {
             path: path.to_path_buf(),
             idle: Mutex::new(Vec::new()),
-            permits: Semaphore::new(options.read_connections.max(1)),
+            permits: Arc::new(Semaphore::new(options.read_connections.max(1))),
         });
         Ok(Self {
             writer: Some(tx),
@@ -537,7 +537,10 @@ fn apply_op(
 struct ReadPool {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
-    permits: Semaphore,
+    /// One per connection. A permit goes back as soon as its query is done, on the blocking
+    /// thread: held until the calling task is polled again, it would also cover the wait for a
+    /// busy runtime to get to that task, and under load the reads would queue behind it.
+    permits: Arc<Semaphore>,
 }
 
 impl ReadPool {
@@ -547,7 +550,7 @@ impl ReadPool {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        let _permit = self.permits.acquire().await.map_err(|_| closed())?;
+        let permit = self.permits.clone().acquire_owned().await.map_err(|_| closed())?;
         let pool = self.clone();
         tokio::task::spawn_blocking(move || {
             let conn = pool.idle.lock().map_err(|_| internal("read pool poisoned"))?.pop();
@@ -562,6 +565,7 @@ impl ReadPool {
             {
                 idle.push(conn);
             }
+            drop(permit);
             out
         })
         .await
