@@ -113,6 +113,18 @@ pub enum WatchItem {
 /// A [`WatchStream`] with progress reports between the events.
 pub type ProgressStream = Pin<Box<dyn Stream<Item = Result<WatchItem>> + Send>>;
 
+/// The events of a watch with progress, without the progress reports.
+pub fn events_only(items: ProgressStream) -> WatchStream {
+    use futures::StreamExt;
+    Box::pin(items.filter_map(|item| {
+        std::future::ready(match item {
+            Ok(WatchItem::Event(ev)) => Some(Ok(ev)),
+            Ok(WatchItem::Progress(_)) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }))
+}
+
 /// How long a watch with progress lets the store's revision run ahead of what it reported
 /// before it reports again.
 pub const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);

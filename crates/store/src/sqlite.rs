@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use futures::StreamExt;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
 
@@ -888,13 +887,7 @@ impl Store for SqliteStore {
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream> {
         let items = self.watch_items(prefix, after, None).await?;
-        Ok(Box::pin(items.filter_map(|item| {
-            std::future::ready(match item {
-                Ok(WatchItem::Event(ev)) => Some(Ok(ev)),
-                Ok(WatchItem::Progress(_)) => None,
-                Err(e) => Some(Err(e)),
-            })
-        })))
+        Ok(crate::events_only(items))
     }
 
     async fn watch_with_progress(&self, prefix: &str, after: Revision) -> Result<ProgressStream> {

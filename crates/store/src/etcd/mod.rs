@@ -18,12 +18,11 @@ use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions,
 };
-use futures::StreamExt;
 
 use crate::sqlite::prefix_end;
 use crate::{
     Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, ProgressStream, Result, Revision, Store, StoreError,
-    WatchItem, WatchStream,
+    WatchStream,
 };
 use members::{Answer, Bound, CallError, Members, Timing};
 use watch::{OpenError, Watched};
@@ -458,13 +457,7 @@ impl Store for EtcdStore {
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<WatchStream> {
         let items = self.watch_items(prefix, after, false).await?;
-        Ok(Box::pin(items.filter_map(|item| {
-            std::future::ready(match item {
-                Ok(WatchItem::Event(ev)) => Some(Ok(ev)),
-                Ok(WatchItem::Progress(_)) => None,
-                Err(e) => Some(Err(e)),
-            })
-        })))
+        Ok(crate::events_only(items))
     }
 
     async fn watch_with_progress(&self, prefix: &str, after: Revision) -> Result<ProgressStream> {
