@@ -104,14 +104,46 @@ pub fn decode_kv(rt: &ResourceType, kv: &KeyValue) -> Result<Value, ApiError> {
 }
 
 /// Equal ignoring `resourceVersion` and `managedFields`: an update that changes nothing is not written.
+/// Compared in place: copying both objects to strip those fields cost more than the comparison.
 pub fn same_content(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("resourceVersion");
-            m.remove("managedFields");
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a == b };
+    let ignored = |k: &str| k == "resourceVersion" || k == "managedFields";
+    let same_meta = |x: Option<&Value>, y: Option<&Value>| match (x.map(Value::as_object), y.map(Value::as_object)) {
+        (Some(Some(x)), Some(Some(y))) => {
+            let count = |m: &serde_json::Map<String, Value>| m.keys().filter(|k| !ignored(k)).count();
+            count(x) == count(y) && x.iter().filter(|(k, _)| !ignored(k)).all(|(k, v)| y.get(k) == Some(v))
         }
-        v
+        (x, y) => x == y,
     };
-    strip(a) == strip(b)
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| if k == "metadata" { same_meta(Some(v), b.get(k)) } else { b.get(k) == Some(v) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_the_same_whatever_the_resource_version_and_managed_fields() {
+        let a = json!({"metadata": {"name": "a", "resourceVersion": "1", "managedFields": [1]}, "spec": {"x": 1}});
+        let b = json!({"metadata": {"name": "a", "resourceVersion": "2"}, "spec": {"x": 1}});
+        assert!(same_content(&a, &b));
+        assert!(same_content(&b, &a));
+    }
+
+    #[test]
+    fn content_differs_by_any_other_field_or_a_missing_one() {
+        let a = json!({"metadata": {"name": "a", "resourceVersion": "1"}, "spec": {"x": 1}});
+        for b in [
+            json!({"metadata": {"name": "a", "resourceVersion": "1"}, "spec": {"x": 2}}),
+            json!({"metadata": {"name": "a", "resourceVersion": "1", "labels": {}}, "spec": {"x": 1}}),
+            json!({"metadata": {"name": "b"}, "spec": {"x": 1}}),
+            json!({"metadata": {"name": "a"}}),
+            json!({"spec": {"x": 1}}),
+            json!({"metadata": {"name": "a"}, "spec": {"x": 1}, "status": {}}),
+        ] {
+            assert!(!same_content(&a, &b), "{b}");
+            assert!(!same_content(&b, &a), "{b}");
+        }
+    }
 }

@@ -107,15 +107,26 @@ fn event_line(
     };
     let obj = obj?;
     Some(match out {
-        Output::Object => decoded.object_line(kind, || line(kind, obj.clone())),
+        Output::Object => decoded.object_line(kind, || line_of(kind, obj)),
         _ => line(kind, render(rt, obj, out)),
     })
 }
 
 fn line(kind: &str, object: Value) -> Bytes {
-    let mut s = json!({"type": kind, "object": object}).to_string();
-    s.push('\n');
-    Bytes::from(s)
+    line_of(kind, &object)
+}
+
+/// `{"type":kind,"object":object}` and a newline, written from the object as it is: every
+/// watcher of an event shares one decoded object, and a copy of a pod to wrap it cost more
+/// than the encoding.
+fn line_of(kind: &str, object: &Value) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"{\"type\":");
+    serde_json::to_writer(&mut out, kind).expect("a string encodes");
+    out.extend_from_slice(b",\"object\":");
+    serde_json::to_writer(&mut out, object).expect("json values encode");
+    out.extend_from_slice(b"}\n");
+    Bytes::from(out)
 }
 
 /// The ERROR line that ends a watch: `410 Gone` when its revision was compacted (clients list
@@ -163,10 +174,10 @@ pub async fn serve(state: Arc<ApiState>, t: Target, q: Query, out: Output) -> Ap
         }
     };
     let slot = Slot::of(rt, t.namespace.as_deref(), q.get("fieldSelector"));
-    let events = match state.watch_hub.subscribe(&state, rt, start, slot).await {
+    let events = match state.watch_hub.subscribe(&state, rt, start, slot.clone()).await {
         Some(sub) => Source::Hub(sub),
         None => match state.store.watch(&prefix, start).await {
-            Ok(s) => Source::Store(s),
+            Ok(events) => Source::Store(Behind { events, slot, last_rev: start, since_try: 0 }),
             Err(e @ StoreError::Compacted { .. }) => {
                 let body = Body::from(expired_line(rt, e));
                 let mut resp = ([(http::header::CONTENT_TYPE, "application/json")], body).into_response();
@@ -270,9 +281,25 @@ fn bookmark(rt: &ResourceType, rev: i64) -> Bytes {
 enum Source {
     /// The type's shared dispatcher.
     Hub(Subscription),
-    /// A store watch of its own, for a start older than the hub keeps.
-    Store(berth_store::WatchStream),
+    /// A store watch of its own, for a start older than the hub keeps, until it has caught up.
+    Store(Behind),
 }
+
+/// A watch reading the store's history because it resumed from further back than the hub keeps.
+/// It decodes every event of the type for itself, so it moves to the hub as soon as it has read
+/// up to what the hub still keeps: with thousands of agents resuming their watches, staying on
+/// the store cost one decode of every pod update per agent.
+struct Behind {
+    events: berth_store::WatchStream,
+    slot: Slot,
+    /// The revision of the last event read from the store (or the start).
+    last_rev: i64,
+    /// Events read since the last try to move to the hub.
+    since_try: usize,
+}
+
+/// Events a watch behind the hub reads from the store between tries to move to the hub.
+const TRY_HUB_EVERY: usize = 64;
 
 enum Next {
     Event(Arc<berth_store::Event>, Arc<Decoded>),
@@ -282,27 +309,47 @@ enum Next {
 }
 
 impl Source {
-    async fn next(&mut self, state: &ApiState, rt: &'static ResourceType) -> Next {
-        match self {
-            Source::Hub(sub) => {
-                if let Some((ev, decoded)) = sub.replay.pop_front() {
-                    return Next::Event(ev, decoded);
+    async fn next(&mut self, state: &Arc<ApiState>, rt: &'static ResourceType) -> Next {
+        loop {
+            let join = match self {
+                Source::Store(behind) if behind.since_try >= TRY_HUB_EVERY => {
+                    behind.since_try = 0;
+                    Some((behind.last_rev, behind.slot.clone()))
                 }
-                match sub.live.recv().await {
-                    Some(Message::Event(ev, decoded)) => Next::Event(ev, decoded),
-                    Some(Message::End(line)) => Next::Error(line),
-                    // Cut off as too slow (logged by the dispatcher), or the store watch ended.
-                    None => Next::End,
-                }
+                _ => None,
+            };
+            // The hub replays what it keeps after `last_rev` and then sends live events, so
+            // dropping the store watch with events still buffered loses none and repeats none.
+            if let Some((after, slot)) = join
+                && let Some(sub) = state.watch_hub.subscribe(state, rt, after, slot).await
+            {
+                *self = Source::Hub(sub);
             }
-            Source::Store(events) => match events.next().await {
-                None => Next::End,
-                Some(Err(e)) => Next::Error(expired_line(rt, e)),
-                Some(Ok(ev)) => {
-                    let decoded = state.watch_events.get(rt, &ev);
-                    Next::Event(Arc::new(ev), decoded)
+            match self {
+                Source::Hub(sub) => {
+                    if let Some((ev, decoded)) = sub.replay.pop_front() {
+                        return Next::Event(ev, decoded);
+                    }
+                    return match sub.live.recv().await {
+                        Some(Message::Event(ev, decoded)) => Next::Event(ev, decoded),
+                        Some(Message::End(line)) => Next::Error(line),
+                        // Cut off as too slow (logged by the dispatcher), or the store watch ended.
+                        None => Next::End,
+                    };
                 }
-            },
+                Source::Store(behind) => match behind.events.next().await {
+                    None => return Next::End,
+                    Some(Err(e)) => return Next::Error(expired_line(rt, e)),
+                    Some(Ok(ev)) => {
+                        behind.last_rev = ev.revision;
+                        behind.since_try += 1;
+                        if behind.slot.may_hold(rt, &ev) {
+                            let decoded = state.watch_events.get(rt, &ev);
+                            return Next::Event(Arc::new(ev), decoded);
+                        }
+                    }
+                },
+            }
         }
     }
 

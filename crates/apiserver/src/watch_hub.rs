@@ -8,7 +8,8 @@
 //! Watchers still apply their whole selectors: the index only narrows who looks.
 //!
 //! The last [`RECENT_EVENTS`] events stay so that a watch resuming just behind the hub replays
-//! them; one from further back reads the store itself (see [`WatchHub::subscribe`]).
+//! them; one from further back reads the store itself (see [`WatchHub::subscribe`]) until it has
+//! caught up, and then registers here.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -26,8 +27,9 @@ use tokio::sync::mpsc;
 use crate::watch_events::Decoded;
 use crate::{ApiState, objects};
 
-/// Events each resource type keeps for watches resuming from a recent revision.
-pub const RECENT_EVENTS: usize = 1000;
+/// Events each resource type keeps for watches resuming from a recent revision: several times
+/// [`WATCHER_QUEUE`], so that a watcher cut off for falling behind can resume from here.
+pub const RECENT_EVENTS: usize = 4000;
 
 /// Events a watcher may leave unread before it is cut off: a client that stops reading must
 /// not make the server hold every later event for it.
@@ -65,6 +67,46 @@ impl Slot {
         };
         Slot { namespace, index }
     }
+}
+
+impl Slot {
+    /// Whether an event may concern a watcher of this slot, told without decoding its objects
+    /// (from the key, and a pod's `spec.nodeName` alone): a watch catching up on the store's
+    /// history skips the other events instead of decoding every event of the type.
+    pub fn may_hold(&self, rt: &ResourceType, ev: &Event) -> bool {
+        let rest = ev.key.strip_prefix(&objects::prefix(rt, None)).unwrap_or(&ev.key);
+        let (namespace, name) = match rest.split_once('/') {
+            Some((ns, name)) if rt.namespaced => (Some(ns), name),
+            _ => (None, rest),
+        };
+        if self.namespace.as_deref().is_some_and(|ns| namespace != Some(ns)) {
+            return false;
+        }
+        match &self.index {
+            Index::All => true,
+            Index::Name(n) => n == name,
+            // An object that does not read as a pod is left to the watcher's own decoding.
+            Index::Node(n) => [ev.value.as_deref(), ev.prev_value.as_deref()]
+                .into_iter()
+                .flatten()
+                .any(|bytes| node_name_of(bytes).is_none_or(|node| node == *n)),
+        }
+    }
+}
+
+/// A pod's `spec.nodeName` ("" when unset), read without building the rest of the object.
+fn node_name_of(bytes: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Pod {
+        spec: Option<Spec>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Spec {
+        #[serde(rename = "nodeName")]
+        node_name: Option<String>,
+    }
+    let pod: Pod = serde_json::from_slice(bytes).ok()?;
+    Some(pod.spec.and_then(|s| s.node_name).unwrap_or_default())
 }
 
 fn is_pods(rt: &ResourceType) -> bool {
@@ -139,6 +181,12 @@ impl WatchHub {
         }
         let dispatcher = self.dispatcher(state, rt).await?;
         dispatcher.register(&state.watch_events, after, slot)
+    }
+
+    /// How many watches of `rt` the hub feeds (not those reading the store themselves).
+    pub async fn watchers(&self, rt: &'static ResourceType) -> usize {
+        let dispatcher = self.dispatchers.lock().await.get(&type_id(rt)).cloned();
+        dispatcher.map_or(0, |d| d.lock().watchers.values().map(HashMap::len).sum())
     }
 
     async fn dispatcher(&self, state: &Arc<ApiState>, rt: &'static ResourceType) -> Option<Arc<Dispatcher>> {
@@ -344,6 +392,31 @@ fn slots_of(rt: &'static ResourceType, ev: &Event, decoded: &Decoded) -> Vec<Slo
 mod tests {
     use super::*;
     use berth_api::resources::{NAMESPACES, SERVICES};
+
+    #[test]
+    fn a_slot_tells_from_the_key_and_node_name_alone_which_events_may_concern_it() {
+        let ev = |key: &str, value: Option<&str>, prev: Option<&str>| Event {
+            kind: berth_store::EventKind::Put,
+            key: key.into(),
+            revision: 2,
+            create_revision: 1,
+            value: value.map(|v| v.as_bytes().to_vec()),
+            prev_value: prev.map(|v| v.as_bytes().to_vec()),
+        };
+        let bound = r#"{"metadata":{"name":"a"},"spec":{"nodeName":"n1","containers":[]}}"#;
+        let pending = r#"{"metadata":{"name":"a"},"spec":{"containers":[]}}"#;
+        let key = "/registry/pods/ns/a";
+        let n1 = Slot::of(&PODS, None, Some("spec.nodeName=n1"));
+        assert!(n1.may_hold(&PODS, &ev(key, Some(bound), None)));
+        assert!(n1.may_hold(&PODS, &ev(key, Some(pending), Some(bound))), "leaving the node");
+        assert!(!n1.may_hold(&PODS, &ev(key, Some(pending), None)));
+        assert!(!Slot::of(&PODS, None, Some("spec.nodeName=n2")).may_hold(&PODS, &ev(key, Some(bound), None)));
+        assert!(Slot::of(&PODS, None, Some("spec.nodeName=")).may_hold(&PODS, &ev(key, Some(pending), None)));
+        assert!(!Slot::of(&PODS, Some("other"), None).may_hold(&PODS, &ev(key, Some(bound), None)));
+        assert!(Slot::of(&PODS, Some("ns"), Some("metadata.name=a")).may_hold(&PODS, &ev(key, Some(bound), None)));
+        assert!(!Slot::of(&PODS, None, Some("metadata.name=b")).may_hold(&PODS, &ev(key, Some(bound), None)));
+        assert!(n1.may_hold(&PODS, &ev(key, Some("not json"), None)), "undecodable: left to the watcher");
+    }
 
     #[test]
     fn a_node_or_name_equality_picks_the_index() {

@@ -302,6 +302,37 @@ async fn a_watch_from_before_the_buffer_reads_the_store_and_a_compacted_one_gets
 }
 
 #[tokio::test]
+async fn a_watch_from_before_the_buffer_moves_to_the_hub_once_caught_up_and_misses_nothing() {
+    let _serial = SERIAL.lock().await;
+    let api = Api::new().await;
+    let start = api.current_rv().await;
+    let first =
+        Lines::read(api.watch(&format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={start}")).await);
+    let count = RECENT_EVENTS + 50;
+    api.create_configmaps((0..count).map(|i| format!("cm-{i}"))).await;
+    first.wait_for(count).await;
+    assert_eq!(api.state.watch_hub.watchers(&berth_api::resources::CONFIGMAPS).await, 1);
+
+    let behind =
+        Lines::read(api.watch(&format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={start}")).await);
+    behind.wait_for(count).await;
+    // Writes after it has read the store's history: the watch takes them from the hub.
+    api.create_configmaps((count..count + 200).map(|i| format!("cm-{i}"))).await;
+    let events = behind.wait_for(count + 200).await;
+    assert_eq!(api.state.watch_hub.watchers(&berth_api::resources::CONFIGMAPS).await, 2, "both watches on the hub");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let events = if behind.snapshot().len() > events.len() { behind.snapshot() } else { events };
+    let mut seen: Vec<String> =
+        events.iter().map(|e| e["object"]["metadata"]["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(seen.len(), count + 200, "each write once");
+    let revisions: Vec<i64> = events.iter().map(|e| rv(&e["object"])).collect();
+    assert!(revisions.windows(2).all(|w| w[0] < w[1]), "in order");
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), count + 200, "no write twice");
+}
+
+#[tokio::test]
 async fn a_pod_bound_to_a_node_leaves_the_unscheduled_watch_and_enters_the_nodes() {
     let _serial = SERIAL.lock().await;
     let api = Api::new().await;

@@ -4,19 +4,20 @@
 //! (one row per revision, kept until compacted), `meta` the current and compacted revisions.
 //! All writes go through one writer thread that drains its queue into one transaction per
 //! round and fsyncs once (WAL, `synchronous=FULL`), so N concurrent clients pay for one commit.
-//! Reads run on a small pool of read connections, which WAL lets proceed next to the writer.
+//! Reads run on a few reader threads with a connection each, which WAL lets proceed next to the
+//! writer.
 //! After a commit the writer publishes the round's events on a broadcast channel; a watch
 //! replays history from the `events` table and then follows that channel.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
-use tokio::sync::{Semaphore, broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::{
     Deleted, Event, EventKind, KeyValue, ListOptions, ListResult, PROGRESS_INTERVAL, ProgressStream, Result, Revision,
@@ -142,6 +143,15 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Deletes up to [`PURGE_CHUNK`] rows of history at or below `compacted`; how many went.
+fn purge_history(conn: &Connection, compacted: Revision) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "DELETE FROM events WHERE revision IN \
+         (SELECT revision FROM events WHERE revision <= ?1 ORDER BY revision LIMIT ?2)",
+    )?
+    .execute(params![compacted, PURGE_CHUNK])
+}
+
 fn read_meta(conn: &Connection, name: &str) -> rusqlite::Result<Revision> {
     conn.prepare_cached("SELECT value FROM meta WHERE name = ?1")?.query_row([name], |r| r.get(0))
 }
@@ -204,11 +214,7 @@ impl SqliteStore {
             .spawn(move || writer.run(rx))
             .map_err(internal)?;
 
-        let reads = Arc::new(ReadPool {
-            path: path.to_path_buf(),
-            idle: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(options.read_connections.max(1))),
-        });
+        let reads = Arc::new(ReadPool::start(path, options.read_connections)?);
         Ok(Self {
             writer: Some(tx),
             writer_thread: Some(writer_thread),
@@ -310,23 +316,15 @@ impl Writer {
                 self.drain(&mut rx, &mut batch);
             }
             previous = batch.len();
+            // Busy: the round's transaction also purges a chunk of history (see `apply_all`).
             self.commit_batch(batch);
-            // Busy: one chunk per round, so history still goes while writes keep coming.
-            if self.purge_pending {
-                self.purge_chunk();
-            }
         }
     }
 
-    /// Deletes up to [`PURGE_CHUNK`] rows of history at or below the compacted revision.
+    /// Deletes up to [`PURGE_CHUNK`] rows of history at or below the compacted revision, in a
+    /// transaction of its own: for an idle writer.
     fn purge_chunk(&mut self) {
-        let deleted = self
-            .conn
-            .prepare_cached(
-                "DELETE FROM events WHERE revision IN \
-                 (SELECT revision FROM events WHERE revision <= ?1 ORDER BY revision LIMIT ?2)",
-            )
-            .and_then(|mut stmt| stmt.execute(params![self.compacted, PURGE_CHUNK]));
+        let deleted = purge_history(&self.conn, self.compacted);
         match deleted {
             Ok(n) => self.purge_pending = n as i64 == PURGE_CHUNK,
             Err(e) => {
@@ -383,8 +381,22 @@ impl Writer {
         if compacted != self.compacted {
             tx.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'compacted'")?.execute([compacted])?;
         }
+        // A chunk of compacted history goes with the round, not in a commit (and fsync) of its
+        // own, so history still goes while writes keep coming at no extra commit.
+        let purged = match self.purge_pending.then(|| purge_history(&tx, self.compacted)) {
+            Some(Err(e)) => {
+                // Left for the next compaction: the rows are out of reach already.
+                tracing::warn!(error = %e, "purging compacted history failed");
+                Some(0)
+            }
+            Some(Ok(n)) => Some(n),
+            None => None,
+        };
         tx.commit()?;
         self.revision = revision;
+        if let Some(n) = purged {
+            self.purge_pending = n as i64 == PURGE_CHUNK;
+        }
         self.purge_pending |= compacted != self.compacted;
         self.compacted = compacted;
         Ok(applied)
@@ -533,50 +545,73 @@ fn apply_op(
 // ---------------------------------------------------------------------------------------------
 // Reads
 
+/// A job for a reader thread: it gets that thread's connection, or why there is none.
+type ReadJob = Box<dyn FnOnce(Result<&mut Connection>) + Send>;
+
+/// Reader threads, each with its own connection, taking jobs from one queue. A reader goes from
+/// one query to the next without waiting for the async runtime: with the runtime busy, handing
+/// connections out through an async semaphore made every read also wait for the runtime to
+/// poll the task next in line, and reads queued for most of a second.
 struct ReadPool {
-    path: PathBuf,
-    idle: Mutex<Vec<Connection>>,
-    /// One per connection. A permit goes back as soon as its query is done, on the blocking
-    /// thread: held until the calling task is polled again, it would also cover the wait for a
-    /// busy runtime to get to that task, and under load the reads would queue behind it.
-    permits: Arc<Semaphore>,
+    jobs: crossbeam_channel::Sender<ReadJob>,
 }
 
 impl ReadPool {
-    /// Runs `f` on a read connection on the blocking pool.
-    async fn run<T, F>(self: &Arc<Self>, f: F) -> Result<T>
+    /// Starts `threads` readers; they end once the pool is dropped and the queue is empty.
+    fn start(path: &Path, threads: usize) -> Result<ReadPool> {
+        let (jobs, queue) = crossbeam_channel::unbounded::<ReadJob>();
+        for i in 0..threads.max(1) {
+            let (queue, path) = (queue.clone(), path.to_path_buf());
+            std::thread::Builder::new()
+                .name(format!("berth-sqlite-rd{i}"))
+                .spawn(move || read_jobs(&path, &queue))
+                .map_err(internal)?;
+        }
+        Ok(ReadPool { jobs })
+    }
+
+    /// Runs `f` on a reader's connection.
+    async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
-        let permit = self.permits.clone().acquire_owned().await.map_err(|_| closed())?;
-        let pool = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let conn = pool.idle.lock().map_err(|_| internal("read pool poisoned"))?.pop();
-            let mut conn = match conn {
-                Some(c) => c,
-                None => pool.connect().map_err(sql_err)?,
-            };
-            let out = f(&mut conn);
-            // A connection left inside a transaction by an error is not reused.
-            if conn.is_autocommit()
-                && let Ok(mut idle) = pool.idle.lock()
-            {
-                idle.push(conn);
-            }
-            drop(permit);
-            out
-        })
-        .await
-        .map_err(internal)?
+        let (reply, answer) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn| {
+            let _ = reply.send(conn.and_then(f));
+        });
+        self.jobs.send(job).map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
     }
+}
 
-    fn connect(&self) -> rusqlite::Result<Connection> {
-        let conn = Connection::open(&self.path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "query_only", true)?;
-        Ok(conn)
+/// A reader thread: runs jobs on its connection, opened on first use and again after a job left
+/// it inside a transaction (an error midway) or panicked.
+fn read_jobs(path: &Path, queue: &crossbeam_channel::Receiver<ReadJob>) {
+    let mut conn: Option<Connection> = None;
+    while let Ok(job) = queue.recv() {
+        if conn.is_none() {
+            match connect_reader(path) {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    job(Err(sql_err(e)));
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Ok(c))));
+        if ran.is_err() || !c.is_autocommit() {
+            conn = None;
+        }
     }
+}
+
+fn connect_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(conn)
 }
 
 /// Reads the current and compacted revisions of the snapshot `conn` is reading.
