@@ -64,6 +64,20 @@ impl Api {
         resp.into_body()
     }
 
+    /// A server whose configmaps had more writes than the hub keeps, seen whole by one watch
+    /// from `start`; with the revision before them and how many there were.
+    async fn past_the_buffer() -> (Api, i64, usize) {
+        let api = Api::new().await;
+        let start = api.current_rv().await;
+        let first = Lines::read(
+            api.watch(&format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={start}")).await,
+        );
+        let count = RECENT_EVENTS + 50;
+        api.create_configmaps((0..count).map(|i| format!("cm-{i}"))).await;
+        first.wait_for(count).await;
+        (api, start, count)
+    }
+
     async fn create_configmaps(&self, names: impl Iterator<Item = String>) -> Vec<i64> {
         futures::stream::iter(names)
             .map(|name| async move {
@@ -275,13 +289,7 @@ async fn a_watcher_that_stops_reading_is_cut_off_while_the_others_keep_their_eve
 #[tokio::test]
 async fn a_watch_from_before_the_buffer_reads_the_store_and_a_compacted_one_gets_410() {
     let _serial = SERIAL.lock().await;
-    let api = Api::new().await;
-    let start = api.current_rv().await;
-    let first =
-        Lines::read(api.watch(&format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={start}")).await);
-    let count = RECENT_EVENTS + 50;
-    api.create_configmaps((0..count).map(|i| format!("cm-{i}"))).await;
-    first.wait_for(count).await;
+    let (api, start, count) = Api::past_the_buffer().await;
 
     let old =
         Lines::read(api.watch(&format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={start}")).await);
@@ -304,13 +312,7 @@ async fn a_watch_from_before_the_buffer_reads_the_store_and_a_compacted_one_gets
 #[tokio::test]
 async fn a_watch_from_before_the_buffer_moves_to_the_hub_once_caught_up_and_misses_nothing() {
     let _serial = SERIAL.lock().await;
-    let api = Api::new().await;
-    let start = api.current_rv().await;
-    let first =
-        Lines::read(api.watch(&format!("/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={start}")).await);
-    let count = RECENT_EVENTS + 50;
-    api.create_configmaps((0..count).map(|i| format!("cm-{i}"))).await;
-    first.wait_for(count).await;
+    let (api, start, count) = Api::past_the_buffer().await;
     assert_eq!(api.state.watch_hub.watchers(&berth_api::resources::CONFIGMAPS).await, 1);
 
     let behind =
