@@ -42,6 +42,7 @@ impl EtcdServer {
             .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("bench={peer_url}")])
             .args(["--logger", "zap", "--log-level", "error"])
+            .args(berth_testenv::etcd::PROGRESS_NOTIFY_ARGS)
             .stdin(Stdio::piped())
             .stdout(log.try_clone()?)
             .stderr(log)

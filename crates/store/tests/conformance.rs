@@ -92,6 +92,7 @@ mod support {
                 .args(["--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &format!("conformance={peer_url}")])
                 .args(["--logger", "zap", "--log-level", "error"])
+                .args(berth_testenv::etcd::PROGRESS_NOTIFY_ARGS)
                 // The shared server's `TempDir` is never dropped; the shell removes it instead.
                 .env("ETCD_TEST_DIR", dir.path())
                 .stdin(Stdio::piped())

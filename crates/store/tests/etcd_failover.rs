@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use berth_store::etcd::EtcdStore;
-use berth_store::{EventKind, ListOptions, Store, StoreError};
+use berth_store::{EventKind, ListOptions, Store, StoreError, WatchItem};
 use berth_testenv::EtcdCluster;
 use futures::StreamExt;
 
@@ -47,12 +47,60 @@ async fn write_until(store: Arc<EtcdStore>, stop: Arc<AtomicBool>) -> (usize, Ve
     (writes, failures)
 }
 
+/// etcd sends a watch that starts far back its history 1,000 revisions per round, ten rounds a
+/// second: a watch with progress 15,000 revisions behind is still catching up when it would first
+/// ask for progress. Older etcd releases answer such a request at once with their current
+/// revision, and a watch that believed them would skip every event still to come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_with_progress_catching_up_on_a_long_history_loses_no_event() {
+    const WRITES: usize = 15_000;
+    let etcd = tokio::task::spawn_blocking(|| EtcdCluster::start(1)).await.unwrap();
+    let store = Arc::new(EtcdStore::connect(&etcd.endpoints()).await.expect("connect"));
+    let start = store.current_revision().await.unwrap();
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for i in (w..WRITES).step_by(32) {
+                    store.create(&format!("/long/{i:06}"), b"v".to_vec()).await.expect("create");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let end = store.current_revision().await.unwrap();
+    let mut watch = store.watch_with_progress("/long/", start).await.unwrap();
+    let mut last = start;
+    let mut events = 0;
+    while last < end {
+        let item = tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .unwrap_or_else(|_| panic!("no event after {last} within 10 s ({events} of {WRITES} seen)"))
+            .expect("the watch goes on")
+            .expect("no watch error");
+        match item {
+            WatchItem::Event(ev) => {
+                assert_eq!(ev.revision, last + 1, "the event after {last}");
+                last = ev.revision;
+                events += 1;
+            }
+            WatchItem::Progress(rev) => assert!(rev <= last, "progress {rev} reported before the event after {last}"),
+        }
+    }
+    assert_eq!(events, WRITES);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_and_a_watch_go_on_without_a_failure_or_a_lost_event_while_members_and_the_leader_die() {
     let mut etcd = tokio::task::spawn_blocking(|| EtcdCluster::start(3)).await.unwrap();
     let store = Arc::new(EtcdStore::connect(&etcd.endpoints()).await.expect("connect"));
     let start = store.current_revision().await.unwrap();
     let mut watch = store.watch("/k/", start).await.unwrap();
+    // A watch with progress, as the API server's fan-out opens: asking a member that has just
+    // taken the watch over for progress must not make it skip the events it still owes.
+    let mut with_progress = store.watch_with_progress("/k/", start).await.unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = tokio::spawn(write_until(store.clone(), stop.clone()));
 
@@ -81,6 +129,7 @@ async fn requests_and_a_watch_go_on_without_a_failure_or_a_lost_event_while_memb
     let end = store.current_revision().await.unwrap();
     let mut last = start;
     let mut per_key = std::collections::BTreeMap::<String, Vec<EventKind>>::new();
+    let mut revisions = Vec::new();
     while last < end {
         let ev = tokio::time::timeout(Duration::from_secs(10), watch.next())
             .await
@@ -89,8 +138,23 @@ async fn requests_and_a_watch_go_on_without_a_failure_or_a_lost_event_while_memb
             .expect("no watch error");
         assert!(ev.revision > last, "event at {} after {last}", ev.revision);
         last = ev.revision;
+        revisions.push(ev.revision);
         per_key.entry(ev.key).or_default().push(ev.kind);
     }
+    let mut seen_with_progress = Vec::new();
+    while seen_with_progress.len() < revisions.len() {
+        let item = tokio::time::timeout(Duration::from_secs(10), with_progress.next())
+            .await
+            .expect("the watch with progress delivers every event")
+            .expect("the watch with progress goes on")
+            .expect("no watch error");
+        let next = revisions[seen_with_progress.len()];
+        match item {
+            WatchItem::Event(ev) => seen_with_progress.push(ev.revision),
+            WatchItem::Progress(rev) => assert!(rev < next, "progress {rev} reported before the event at {next}"),
+        }
+    }
+    assert_eq!(seen_with_progress, revisions, "the watch with progress sees the same events");
     let listed = store.list("/k/", &ListOptions::default()).await.unwrap();
     for (n, (key, kinds)) in per_key.iter().enumerate() {
         let deleted = listed.items.iter().all(|kv| kv.key != *key);

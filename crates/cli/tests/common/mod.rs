@@ -196,6 +196,7 @@ impl Etcd {
             .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
             .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
             .args(["--initial-cluster", &format!("berth-test=http://127.0.0.1:{peer}")])
+            .args(berth_testenv::etcd::PROGRESS_NOTIFY_ARGS)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

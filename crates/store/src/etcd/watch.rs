@@ -3,9 +3,14 @@
 //! delivered, so no event is lost or repeated. Only compaction of that revision, or no member
 //! answering for the failover time, ends the stream with an error.
 //!
-//! A watch with progress asks its member for a progress notification every
-//! [`PROGRESS_INTERVAL`]: etcd answers, once the watch has caught up, with the store's
-//! revision, and every event up to it has been sent.
+//! A watch with progress learns the store's revision from progress notifications, each meaning
+//! that every event up to it has been sent. On a member whose requested notifications keep that
+//! promise (etcd 3.4.31+, 3.5.13+), it asks for one every [`PROGRESS_INTERVAL`]. Older members
+//! answer a request at once with their current revision even while the watch is still catching
+//! up, so a notification could overtake events and they would be skipped as already seen
+//! (etcd issue 15220); there the watch relies on etcd's own periodic notifications, which only
+//! a caught-up watch gets (`--experimental-watch-progress-notify-interval`, 10 minutes unless
+//! set).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,6 +33,26 @@ pub(super) struct Watched {
 struct Opened {
     stream: EtcdStream,
     member: usize,
+    /// Whether progress may be requested from this member (see the module doc).
+    requests_progress: bool,
+}
+
+/// Whether a member of etcd `version` answers a progress request only once the watch has caught
+/// up. The fix of etcd issue 15220 came in 3.4.25 and 3.5.8, and its follow-up (a new watch on
+/// an old revision got no answer) in 3.4.31 and 3.5.13: both are required. Unknown versions are
+/// not trusted.
+fn progress_requests_are_safe(version: &str) -> bool {
+    let mut parts =
+        version.split('.').map(|p| p.split(|c: char| !c.is_ascii_digit()).next().unwrap_or("").parse::<u64>());
+    let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    }
 }
 
 /// How opening a watch ended.
@@ -40,27 +65,35 @@ pub(super) enum OpenError {
 impl Watched {
     /// Opens the watch of events after `after` on a member that answers, waiting for etcd to
     /// confirm it (a refusal, such as compaction, comes as that first response).
-    async fn open(&self, after: Revision) -> std::result::Result<(Opened, WatchResponse), OpenError> {
+    /// With `progress`, also finds out whether the member may be asked for progress.
+    async fn open(&self, after: Revision, progress: bool) -> std::result::Result<(Opened, WatchResponse), OpenError> {
         let (start, end) = (self.start.clone(), self.end.clone());
         let op = move |client: Client| {
-            let opts = WatchOptions::new().with_range(end.clone()).with_start_revision(after + 1).with_prev_key();
+            let mut opts = WatchOptions::new().with_range(end.clone()).with_start_revision(after + 1).with_prev_key();
+            if progress {
+                opts = opts.with_progress_notify();
+            }
             let start = start.clone();
             async move {
+                let requests_progress = match progress {
+                    true => progress_requests_are_safe(client.maintenance_client().status().await?.version()),
+                    false => false,
+                };
                 let mut watch = client.watch_client().max_decoding_message_size(MAX_RESPONSE);
                 let mut stream = watch.watch(start, Some(opts)).await?;
                 let first = stream
                     .message()
                     .await?
                     .ok_or_else(|| etcd_client::Error::WatchError("etcd closed the watch".into()))?;
-                Ok((stream, first))
+                Ok((stream, first, requests_progress))
             }
         };
         match self.members.call(Bound::Point, op).await {
-            Ok(Answer { value: (stream, first), member, .. }) => {
+            Ok(Answer { value: (stream, first, requests_progress), member, .. }) => {
                 if first.canceled() && first.compact_revision() > 0 {
                     return Err(OpenError::Compacted(first.compact_revision()));
                 }
-                Ok((Opened { stream, member }, first))
+                Ok((Opened { stream, member, requests_progress }, first))
             }
             Err(e) => Err(OpenError::Other(e.plain())),
         }
@@ -73,7 +106,7 @@ impl Watched {
         after: Revision,
         progress: bool,
     ) -> std::result::Result<ProgressStream, OpenError> {
-        let (opened, first) = self.open(after).await?;
+        let (opened, first) = self.open(after, progress).await?;
         let mut state = ResumingWatch {
             watched: self,
             opened: Some(opened),
@@ -145,7 +178,7 @@ impl ResumingWatch {
         if let Some(old) = self.opened.take() {
             self.watched.members.failed(old.member, &why);
         }
-        match self.watched.open(self.last).await {
+        match self.watched.open(self.last, self.progress.is_some()).await {
             Ok((opened, first)) => {
                 tracing::debug!(after = self.last, "etcd watch resumed");
                 self.opened = Some(opened);
@@ -171,7 +204,7 @@ impl ResumingWatch {
                 return Some(item);
             }
             let opened = self.opened.as_mut()?;
-            let message = match self.progress {
+            let message = match self.progress.filter(|_| opened.requests_progress) {
                 Some(due) => tokio::select! {
                     message = opened.stream.message() => message,
                     () = tokio::time::sleep_until(due) => {
@@ -192,6 +225,21 @@ impl ResumingWatch {
                 Err(e) => format!("etcd watch stream broke: {e}"),
             };
             self.resume(why).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_requests_are_safe;
+
+    #[test]
+    fn progress_is_requested_only_from_etcd_releases_that_answer_after_the_events() {
+        for safe in ["3.4.31", "3.4.37", "3.5.13", "3.5.21", "3.6.0", "3.6.5-rc.0", "4.0.0"] {
+            assert!(progress_requests_are_safe(safe), "{safe}");
+        }
+        for unsafe_ in ["3.4.23", "3.4.30", "3.5.8", "3.5.12", "3.3.27", "", "3.5", "dev"] {
+            assert!(!progress_requests_are_safe(unsafe_), "{unsafe_}");
         }
     }
 }
