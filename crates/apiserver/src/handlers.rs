@@ -218,6 +218,18 @@ impl Selectors {
             && self.fields.as_ref().is_none_or(FieldSelector::is_empty)
     }
 
+    /// The node a pod watch selects when its selectors say nothing else: `spec.nodeName=NODE`
+    /// alone, as every node agent's watch is. Such a watch needs no decoded object.
+    pub(crate) fn node_alone(&self) -> Option<&str> {
+        let terms = self.fields.as_ref()?.terms();
+        match terms {
+            [t] if !t.not && t.field == "spec.nodeName" && self.labels.as_ref().is_none_or(LabelSelector::is_empty) => {
+                Some(&t.value)
+            }
+            _ => None,
+        }
+    }
+
     pub(crate) fn matches(&self, rt: &ResourceType, obj: &Value) -> bool {
         self.labels.as_ref().is_none_or(|l| l.matches(&objects::labels(obj)))
             && self.fields.as_ref().is_none_or(|f| f.matches(&kinds::field_set(rt, obj)))

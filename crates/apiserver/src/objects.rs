@@ -86,6 +86,76 @@ pub fn encode(rt: &ResourceType, obj: &Value) -> Vec<u8> {
     serde_json::to_vec(&stored).expect("json values serialize")
 }
 
+/// Appends to `out` the object in store bytes as [`decode`] serves it (`kind`, `apiVersion`,
+/// `metadata.resourceVersion` = `rev`), copied from the stored JSON instead of built as a
+/// [`Value`] and encoded again: a watch event goes out to its watchers this way. False, with
+/// `out` as it was, when the bytes are not an object with an object `metadata`, or `rt` is a
+/// converted view; [`decode`] then says what is wrong.
+pub fn write_served(out: &mut Vec<u8>, rt: &ResourceType, stored: &[u8], rev: Revision) -> bool {
+    if std::ptr::eq(rt, &EVENTS_V1) {
+        return false;
+    }
+    let Ok(Entries(top)) = serde_json::from_slice::<Entries>(stored) else { return false };
+    let Some((_, metadata)) = top.iter().find(|(k, _)| k.0 == "metadata") else { return false };
+    let Ok(Entries(metadata)) = serde_json::from_str::<Entries>(metadata.get()) else { return false };
+    out.extend_from_slice(b"{\"kind\":");
+    serde_json::to_writer(&mut *out, rt.kind).expect("a string encodes");
+    out.extend_from_slice(b",\"apiVersion\":");
+    serde_json::to_writer(&mut *out, &rt.api_version()).expect("a string encodes");
+    for (key, value) in &top {
+        match key.0.as_ref() {
+            "kind" | "apiVersion" => continue,
+            "metadata" => {
+                out.extend_from_slice(b",\"metadata\":{");
+                for (key, value) in metadata.iter().filter(|(k, _)| k.0 != "resourceVersion") {
+                    write_entry(out, &key.0, value);
+                    out.push(b',');
+                }
+                out.extend_from_slice(format!("\"resourceVersion\":\"{rev}\"}}").as_bytes());
+            }
+            _ => {
+                out.push(b',');
+                write_entry(out, &key.0, value);
+            }
+        }
+    }
+    out.push(b'}');
+    true
+}
+
+fn write_entry(out: &mut Vec<u8>, key: &str, value: &serde_json::value::RawValue) {
+    serde_json::to_writer(&mut *out, key).expect("a string encodes");
+    out.push(b':');
+    out.extend_from_slice(value.get().as_bytes());
+}
+
+/// A JSON object's members in order, each value left as its text.
+struct Entries<'a>(Vec<(Key<'a>, &'a serde_json::value::RawValue)>);
+
+/// A member name, borrowed from the text unless it has escapes.
+#[derive(serde::Deserialize)]
+struct Key<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Entries(members))
+            }
+        }
+        d.deserialize_map(Members)
+    }
+}
+
 /// The object in store bytes as seen through `rt`, with `resourceVersion` = `rev`.
 pub fn decode(rt: &ResourceType, bytes: &[u8], rev: Revision) -> Result<Value, ApiError> {
     let mut obj: Value = serde_json::from_slice(bytes)
@@ -122,6 +192,42 @@ pub fn same_content(a: &Value, b: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_written_from_its_stored_bytes_is_the_object_decode_serves() {
+        use berth_api::resources::{NAMESPACES, PODS};
+        let cases = [
+            (
+                &PODS,
+                json!({"metadata": {"name": "p", "namespace": "n", "labels": {"a\"b": "c"}}, "spec": {"nodeName": "x"}}),
+            ),
+            (
+                &PODS,
+                json!({"apiVersion": "v0", "kind": "Old", "metadata": {"resourceVersion": "3", "name": "p"}, "status": {}}),
+            ),
+            (&PODS, json!({"metadata": {}})),
+            (&NAMESPACES, json!({"spec": {"finalizers": ["kubernetes"]}, "metadata": {"name": "nsé", "we\"ird": "u"}})),
+        ];
+        for (rt, obj) in cases {
+            let stored = serde_json::to_vec(&obj).unwrap();
+            let mut out = b"prefix".to_vec();
+            assert!(write_served(&mut out, rt, &stored, 42), "{obj}");
+            let written: Value = serde_json::from_slice(&out[6..]).unwrap();
+            assert_eq!(written, decode(rt, &stored, 42).unwrap(), "{obj}");
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_an_object_with_object_metadata_are_left_to_decode() {
+        use berth_api::resources::PODS;
+        for stored in [&b"not json"[..], b"[1]", b"{\"metadata\":[]}", b"{\"spec\":{}}", b"{\"metadata\":{}"] {
+            let mut out = b"kept".to_vec();
+            assert!(!write_served(&mut out, &PODS, stored, 1), "{}", String::from_utf8_lossy(stored));
+            assert_eq!(out, b"kept");
+        }
+        let mut out = Vec::new();
+        assert!(!write_served(&mut out, &EVENTS_V1, b"{\"metadata\":{}}", 1), "a converted view");
+    }
 
     #[test]
     fn content_is_the_same_whatever_the_resource_version_and_managed_fields() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use berth_api::ResourceType;
-use berth_api::resources::{EVENTS, EVENTS_V1};
+use berth_api::resources::{EVENTS, EVENTS_V1, PODS};
 use berth_store::{EventKind, StoreError};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -89,6 +89,22 @@ fn event_line(
     ev: &berth_store::Event,
     decoded: &Decoded,
 ) -> Option<Bytes> {
+    if out == Output::Object
+        && let Some(line) = stored_event_line(rt, sel, ev, decoded)
+    {
+        return line;
+    }
+    decoded_event_line(rt, sel, out, ev, decoded)
+}
+
+/// [`event_line`] from the decoded objects.
+fn decoded_event_line(
+    rt: &'static ResourceType,
+    sel: &Selectors,
+    out: Output,
+    ev: &berth_store::Event,
+    decoded: &Decoded,
+) -> Option<Bytes> {
     let new = decoded.new_object(rt, ev);
     let matches = |o: Option<&Value>| o.is_some_and(|o| sel.matches(rt, o));
     // With no selector, only whether there was an old object matters: it need not be decoded.
@@ -110,6 +126,51 @@ fn event_line(
         Output::Object => decoded.object_line(kind, || line_of(kind, obj)),
         _ => line(kind, render(rt, obj, out)),
     })
+}
+
+/// [`event_line`] for the watches most events go to, those without selectors and node agents'
+/// watches of their pods, written from the stored bytes without decoding the object: `None`
+/// when the watch needs the decoded object, or the bytes are not what [`objects::decode`]
+/// takes as is.
+fn stored_event_line(
+    rt: &'static ResourceType,
+    sel: &Selectors,
+    ev: &berth_store::Event,
+    decoded: &Decoded,
+) -> Option<Option<Bytes>> {
+    let node = match sel.is_empty() {
+        true => None,
+        false => Some(sel.node_alone().filter(|_| std::ptr::eq(rt, &PODS))?),
+    };
+    // Whether the object after (`new`) or before the write is in the selection.
+    let selects = |new: bool| match (node, new) {
+        (None, true) => ev.value.is_some(),
+        (None, false) => ev.prev_value.is_some(),
+        (Some(n), true) => decoded.new_node(ev) == Some(n),
+        (Some(n), false) => decoded.old_node(ev) == Some(n),
+    };
+    let (kind, new) = match ev.kind {
+        EventKind::Put => match (selects(true), selects(false)) {
+            (true, true) => ("MODIFIED", true),
+            (true, false) => ("ADDED", true),
+            (false, true) => ("DELETED", true),
+            (false, false) => return Some(None),
+        },
+        EventKind::Delete if selects(false) => ("DELETED", false),
+        EventKind::Delete => return Some(None),
+    };
+    let stored = if new { ev.value.as_deref() } else { ev.prev_value.as_deref() }?;
+    // Not written: the caller decodes instead, and reports what is wrong.
+    let line = decoded.try_object_line(kind, || {
+        let mut out = Vec::with_capacity(stored.len() + 96);
+        out.extend_from_slice(b"{\"type\":");
+        serde_json::to_writer(&mut out, kind).expect("a string encodes");
+        out.extend_from_slice(b",\"object\":");
+        objects::write_served(&mut out, rt, stored, ev.revision).then_some(())?;
+        out.extend_from_slice(b"}\n");
+        Some(Bytes::from(out))
+    })?;
+    Some(Some(line))
 }
 
 fn line(kind: &str, object: Value) -> Bytes {
@@ -367,5 +428,77 @@ impl Source {
             Source::Hub(sub) => sub.replay.is_empty() && sub.live.is_empty(),
             Source::Store(_) => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use berth_api::resources::SERVICES;
+
+    fn pod(node: Option<&str>) -> Vec<u8> {
+        let mut obj = json!({"metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web"}}, "spec": {}});
+        if let Some(n) = node {
+            obj["spec"]["nodeName"] = json!(n);
+        }
+        serde_json::to_vec(&obj).unwrap()
+    }
+
+    fn event(kind: EventKind, value: Option<Vec<u8>>, prev: Option<Vec<u8>>) -> berth_store::Event {
+        berth_store::Event {
+            kind,
+            key: "/registry/pods/ns/p".into(),
+            revision: 9,
+            create_revision: 3,
+            value,
+            prev_value: prev,
+        }
+    }
+
+    fn selectors(rt: &ResourceType, query: &str) -> Selectors {
+        Selectors::from_query(rt, &crate::request::Query::parse(Some(query))).unwrap()
+    }
+
+    fn parsed(line: Option<Bytes>) -> Option<Value> {
+        line.map(|l| serde_json::from_slice(&l).unwrap())
+    }
+
+    #[test]
+    fn lines_written_from_stored_bytes_say_what_the_decoded_objects_say() {
+        let events = [
+            event(EventKind::Put, Some(pod(None)), None),
+            event(EventKind::Put, Some(pod(Some("n1"))), Some(pod(None))),
+            event(EventKind::Put, Some(pod(Some("n1"))), Some(pod(Some("n1")))),
+            event(EventKind::Put, Some(pod(Some("n2"))), Some(pod(Some("n1")))),
+            event(EventKind::Delete, None, Some(pod(Some("n1")))),
+            event(EventKind::Delete, None, Some(pod(Some("n2")))),
+        ];
+        let mut written = 0;
+        for query in ["", "fieldSelector=spec.nodeName%3Dn1", "fieldSelector=spec.nodeName%3D"] {
+            let sel = selectors(&PODS, query);
+            for ev in &events {
+                let stored = stored_event_line(&PODS, &sel, ev, &Decoded::default()).expect("no decoding needed");
+                written += usize::from(stored.is_some());
+                let decoded = decoded_event_line(&PODS, &sel, Output::Object, ev, &Decoded::default());
+                assert_eq!(parsed(stored), parsed(decoded), "{query}: {:?} {:?}", ev.kind, ev.value.is_some());
+            }
+        }
+        assert_eq!(written, 6 + 4 + 2, "every event without a selector, four on n1, two that concern unscheduled pods");
+    }
+
+    #[test]
+    fn watches_that_need_the_decoded_object_or_bytes_it_cannot_copy_are_left_to_decoding() {
+        let ev = event(EventKind::Put, Some(pod(Some("n1"))), None);
+        for query in
+            ["labelSelector=app%3Dweb", "fieldSelector=spec.nodeName%21%3Dn1", "fieldSelector=metadata.name%3Dp"]
+        {
+            assert!(stored_event_line(&PODS, &selectors(&PODS, query), &ev, &Decoded::default()).is_none(), "{query}");
+        }
+        let services = selectors(&SERVICES, "fieldSelector=metadata.name%3Dp");
+        assert!(stored_event_line(&SERVICES, &services, &ev, &Decoded::default()).is_none());
+        let broken = event(EventKind::Put, Some(b"not json".to_vec()), None);
+        let decoded = Decoded::default();
+        assert!(stored_event_line(&PODS, &selectors(&PODS, ""), &broken, &decoded).is_none());
+        assert_eq!(event_line(&PODS, &selectors(&PODS, ""), Output::Object, &broken, &decoded), None);
     }
 }

@@ -74,6 +74,8 @@ impl SharedEvents {
 pub struct Decoded {
     new: OnceLock<Option<Value>>,
     old: OnceLock<Option<Value>>,
+    new_node: OnceLock<Option<String>>,
+    old_node: OnceLock<Option<String>>,
     /// Encoded lines of the whole object, by event type (`ADDED`, `MODIFIED`, `DELETED`).
     lines: Mutex<Vec<(&'static str, Bytes)>>,
 }
@@ -91,16 +93,48 @@ impl Decoded {
             .as_ref()
     }
 
+    /// A pod's `spec.nodeName` after the write ("" when unset), read without decoding the rest;
+    /// `None` for a delete or an undecodable value.
+    pub fn new_node(&self, ev: &Event) -> Option<&str> {
+        self.new_node.get_or_init(|| ev.value.as_deref().and_then(pod_node_name)).as_deref()
+    }
+
+    /// A pod's `spec.nodeName` before the write, as [`Decoded::new_node`].
+    pub fn old_node(&self, ev: &Event) -> Option<&str> {
+        self.old_node.get_or_init(|| ev.prev_value.as_deref().and_then(pod_node_name)).as_deref()
+    }
+
     /// The line of event type `kind` carrying `object` whole, encoded once per type.
     pub fn object_line(&self, kind: &'static str, encode: impl FnOnce() -> Bytes) -> Bytes {
+        self.try_object_line(kind, || Some(encode())).expect("encoded")
+    }
+
+    /// [`Decoded::object_line`] with an encoding that may not apply (`None`, not kept).
+    pub fn try_object_line(&self, kind: &'static str, encode: impl FnOnce() -> Option<Bytes>) -> Option<Bytes> {
         let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, line)) = lines.iter().find(|(k, _)| *k == kind) {
-            return line.clone();
+            return Some(line.clone());
         }
-        let line = encode();
+        let line = encode()?;
         lines.push((kind, line.clone()));
-        line
+        Some(line)
     }
+}
+
+/// A pod's `spec.nodeName` ("" when unset) from its JSON, without building the rest of it;
+/// `None` if the bytes are not an object.
+pub fn pod_node_name(bytes: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Pod {
+        spec: Option<Spec>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Spec {
+        #[serde(rename = "nodeName")]
+        node_name: Option<String>,
+    }
+    let pod: Pod = serde_json::from_slice(bytes).ok()?;
+    Some(pod.spec.and_then(|s| s.node_name).unwrap_or_default())
 }
 
 #[cfg(test)]

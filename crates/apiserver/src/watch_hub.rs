@@ -21,10 +21,9 @@ use berth_api::selector::FieldSelector;
 use berth_store::{Event, WatchItem};
 use bytes::Bytes;
 use futures::StreamExt;
-use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::watch_events::Decoded;
+use crate::watch_events::{Decoded, pod_node_name};
 use crate::{ApiState, objects};
 
 /// Events each resource type keeps for watches resuming from a recent revision: several times
@@ -89,24 +88,9 @@ impl Slot {
             Index::Node(n) => [ev.value.as_deref(), ev.prev_value.as_deref()]
                 .into_iter()
                 .flatten()
-                .any(|bytes| node_name_of(bytes).is_none_or(|node| node == *n)),
+                .any(|bytes| pod_node_name(bytes).is_none_or(|node| node == *n)),
         }
     }
-}
-
-/// A pod's `spec.nodeName` ("" when unset), read without building the rest of the object.
-fn node_name_of(bytes: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Pod {
-        spec: Option<Spec>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Spec {
-        #[serde(rename = "nodeName")]
-        node_name: Option<String>,
-    }
-    let pod: Pod = serde_json::from_slice(bytes).ok()?;
-    Some(pod.spec.and_then(|s| s.node_name).unwrap_or_default())
 }
 
 fn is_pods(rt: &ResourceType) -> bool {
@@ -369,11 +353,8 @@ fn slots_of(rt: &'static ResourceType, ev: &Event, decoded: &Decoded) -> Vec<Slo
     };
     let mut indexes = vec![Index::All, Index::Name(name.to_string())];
     if is_pods(rt) {
-        let node = |o: Option<&Value>| {
-            o.map(|o| o.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("").to_string())
-        };
-        for n in [node(decoded.new_object(rt, ev)), node(decoded.old_object(rt, ev))].into_iter().flatten() {
-            let n = Index::Node(n);
+        for n in [decoded.new_node(ev), decoded.old_node(ev)].into_iter().flatten() {
+            let n = Index::Node(n.to_string());
             if !indexes.contains(&n) {
                 indexes.push(n);
             }
