@@ -213,8 +213,9 @@ impl Score {
                 continue;
             }
             for (c, domain) in constraints.iter().zip(counts.iter_mut()) {
-                if c.topology_key != LABEL_HOSTNAME {
-                    domain.entry(labels.get(&c.topology_key).cloned().unwrap_or_default()).or_insert(0);
+                let value = labels.get(&c.topology_key).map_or("", String::as_str);
+                if c.topology_key != LABEL_HOSTNAME && !domain.contains_key(value) {
+                    domain.insert(value.to_string(), 0);
                 }
             }
         }
@@ -265,7 +266,8 @@ impl Score {
     /// The weighted count of matching pods in the node's domains (more is worse):
     /// Σ count × weight + (maxSkew − 1), rounded.
     pub fn score(&self, node: &NodeInfo) -> i64 {
-        if self.ignored_names.contains(node.name()) {
+        // Empty but for a pod's own constraints: no name to hash for each node then.
+        if !self.ignored_names.is_empty() && self.ignored_names.contains(node.name()) {
             return 0;
         }
         let mut score = 0.0;
