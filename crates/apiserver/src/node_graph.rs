@@ -14,7 +14,6 @@ use std::time::Duration;
 use berth_api::resources::PODS;
 use berth_store::{Event, ListOptions};
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::Value;
 
 use crate::authz::{NodeGraph, PodReferences, Referenced};
 use crate::watch_hub::{Message, Slot};
@@ -91,22 +90,35 @@ impl NodeReferences {
     }
 }
 
-/// The node and references of a stored pod; `None` for a pod bound to no node.
-fn entry_of(pod: &Value) -> Option<(String, Vec<Reference>)> {
-    let node = pod.pointer("/spec/nodeName").and_then(Value::as_str).filter(|n| !n.is_empty())?.to_string();
-    let typed: Pod = serde_json::from_value(pod.clone()).ok()?;
+/// The node and references of a pod from its stored bytes; `None` for a pod bound to no node
+/// (or bytes that are not a pod).
+fn entry_of(stored: &[u8]) -> Option<(String, Vec<Reference>)> {
+    let pod: Pod = serde_json::from_slice(stored).ok()?;
+    let node = pod.spec.as_ref()?.node_name.clone().filter(|n| !n.is_empty())?;
     let mut refs = PodReferences::default();
-    refs.add_pod(&typed);
+    refs.add_pod(&pod);
     Some((node, refs.into_references()))
 }
 
-/// Whether a write changed what the index holds of a pod: its node or its spec (status
-/// updates, the bulk of a pod's writes, change neither).
-fn changed(old: Option<&Value>, new: Option<&Value>) -> bool {
-    match (old, new) {
-        (Some(old), Some(new)) => old.get("spec") != new.get("spec"),
+/// Whether a write may have changed what the index holds of a pod: its node or its spec.
+/// Status updates, the bulk of a pod's writes, leave the spec's stored text as it was, so
+/// they are told apart without decoding the pod.
+fn changed(old: Option<&[u8]>, new: Option<&[u8]>) -> bool {
+    match (old.and_then(spec_text), new.and_then(spec_text)) {
+        (Some(a), Some(b)) => a != b,
         _ => true,
     }
+}
+
+/// The text of a stored pod's `spec` (`Some(None)` without one); `None` if the bytes are not
+/// an object.
+fn spec_text(stored: &[u8]) -> Option<Option<&str>> {
+    #[derive(serde::Deserialize)]
+    struct Pod<'a> {
+        #[serde(borrow)]
+        spec: Option<&'a serde_json::value::RawValue>,
+    }
+    serde_json::from_slice::<Pod>(stored).ok().map(|p| p.spec.map(|s| s.get()))
 }
 
 /// Keeps `state.node_references` up to date for as long as the server runs.
@@ -129,8 +141,7 @@ async fn follow(state: &Arc<ApiState>) -> Result<(), String> {
     let revision = loop {
         let page = state.store.list(&prefix, &options).await.map_err(|e| e.to_string())?;
         for kv in &page.items {
-            let pod = objects::decode_kv(&PODS, kv).map_err(|e| format!("{e:?}"))?;
-            fresh.set(&kv.key, entry_of(&pod));
+            fresh.set(&kv.key, entry_of(&kv.value));
         }
         if !page.more {
             break page.revision;
@@ -145,21 +156,20 @@ async fn follow(state: &Arc<ApiState>) -> Result<(), String> {
     fresh.ready = true;
     *state.node_references.lock() = fresh;
     let replay = std::mem::take(&mut subscription.replay);
-    for (ev, decoded) in replay {
-        apply(state, &ev, decoded.old_object(&PODS, &ev), decoded.new_object(&PODS, &ev));
+    for (ev, _) in replay {
+        apply(state, &ev);
     }
     while let Some(message) = subscription.live.recv().await {
         match message {
-            Message::Event(ev, decoded) => {
-                apply(state, &ev, decoded.old_object(&PODS, &ev), decoded.new_object(&PODS, &ev))
-            }
+            Message::Event(ev, _) => apply(state, &ev),
             Message::End(_) => return Err("the pods' watch ended".into()),
         }
     }
     Err("the pods' watch closed".into())
 }
 
-fn apply(state: &ApiState, ev: &Event, old: Option<&Value>, new: Option<&Value>) {
+fn apply(state: &ApiState, ev: &Event) {
+    let (old, new) = (ev.prev_value.as_deref(), ev.value.as_deref());
     if !changed(old, new) {
         return;
     }
@@ -170,9 +180,10 @@ fn apply(state: &ApiState, ev: &Event, old: Option<&Value>, new: Option<&Value>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
-    fn pod(node: &str, config_map: &str) -> Value {
-        serde_json::json!({
+    fn pod(node: &str, config_map: &str) -> Vec<u8> {
+        stored(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ns"},
             "spec": {
                 "nodeName": node,
@@ -180,10 +191,14 @@ mod tests {
                 "containers": [{"name": "c", "image": "i"}],
                 "volumes": [{"name": "v", "configMap": {"name": config_map}}],
             },
-        })
+        }))
     }
 
-    fn index_of(entries: &[(&str, Value)]) -> NodeReferences {
+    fn stored(pod: Value) -> Vec<u8> {
+        serde_json::to_vec(&pod).unwrap()
+    }
+
+    fn index_of(entries: &[(&str, Vec<u8>)]) -> NodeReferences {
         let index = NodeReferences::default();
         {
             let mut inner = index.lock();
@@ -225,11 +240,14 @@ mod tests {
     #[test]
     fn status_writes_do_not_count_as_changes_but_spec_and_binding_do() {
         let before = pod("n1", "settings");
-        let mut status_only = before.clone();
+        let mut status_only: Value = serde_json::from_slice(&before).unwrap();
         status_only["status"] = serde_json::json!({"phase": "Running"});
+        let status_only = stored(status_only);
         assert!(!changed(Some(&before), Some(&status_only)));
         assert!(changed(Some(&before), Some(&pod("n2", "settings"))));
+        assert!(changed(Some(&before), Some(&pod("n1", "other"))));
         assert!(changed(None, Some(&before)));
         assert!(changed(Some(&before), None));
+        assert!(changed(Some(b"not json"), Some(&before)), "what cannot be read counts as changed");
     }
 }
