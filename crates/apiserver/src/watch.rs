@@ -109,19 +109,8 @@ fn decoded_event_line(
     let matches = |o: Option<&Value>| o.is_some_and(|o| sel.matches(rt, o));
     // With no selector, only whether there was an old object matters: it need not be decoded.
     let old_matches = || if sel.is_empty() { ev.prev_value.is_some() } else { matches(decoded.old_object(rt, ev)) };
-    let (kind, obj) = match ev.kind {
-        EventKind::Put => match (matches(new), old_matches()) {
-            (true, true) => ("MODIFIED", new),
-            (true, false) => ("ADDED", new),
-            (false, true) => ("DELETED", new),
-            (false, false) => return None,
-        },
-        EventKind::Delete => match old_matches() {
-            true => ("DELETED", decoded.old_object(rt, ev)),
-            false => return None,
-        },
-    };
-    let obj = obj?;
+    let (kind, of_new) = transition(ev.kind, || matches(new), old_matches)?;
+    let obj = if of_new { new } else { decoded.old_object(rt, ev) }?;
     Some(match out {
         Output::Object => decoded.object_line(kind, || line_of(kind, obj)),
         _ => line(kind, render(rt, obj, out)),
@@ -149,28 +138,33 @@ fn stored_event_line(
         (Some(n), true) => decoded.new_node(ev) == Some(n),
         (Some(n), false) => decoded.old_node(ev) == Some(n),
     };
-    let (kind, new) = match ev.kind {
-        EventKind::Put => match (selects(true), selects(false)) {
-            (true, true) => ("MODIFIED", true),
-            (true, false) => ("ADDED", true),
-            (false, true) => ("DELETED", true),
-            (false, false) => return Some(None),
-        },
-        EventKind::Delete if selects(false) => ("DELETED", false),
-        EventKind::Delete => return Some(None),
-    };
+    let Some((kind, new)) = transition(ev.kind, || selects(true), || selects(false)) else { return Some(None) };
     let stored = if new { ev.value.as_deref() } else { ev.prev_value.as_deref() }?;
     // Not written: the caller decodes instead, and reports what is wrong.
     let line = decoded.try_object_line(kind, || {
-        let mut out = Vec::with_capacity(stored.len() + 96);
-        out.extend_from_slice(b"{\"type\":");
-        serde_json::to_writer(&mut out, kind).expect("a string encodes");
-        out.extend_from_slice(b",\"object\":");
-        objects::write_served(&mut out, rt, stored, ev.revision).then_some(())?;
-        out.extend_from_slice(b"}\n");
-        Some(Bytes::from(out))
+        framed(kind, stored.len(), |out| objects::write_served(out, rt, stored, ev.revision))
     })?;
     Some(Some(line))
+}
+
+/// The line type of a write as a watcher sees it, from whether the object after the write
+/// (`new_in`) and before it (`old_in`) are in its selection: entering is ADDED, leaving
+/// DELETED, staying MODIFIED. Also whether the line carries the new object (else the old one,
+/// of a delete). `None`: the watcher gets nothing.
+fn transition(
+    kind: EventKind,
+    new_in: impl FnOnce() -> bool,
+    old_in: impl FnOnce() -> bool,
+) -> Option<(&'static str, bool)> {
+    match kind {
+        EventKind::Put => match (new_in(), old_in()) {
+            (true, true) => Some(("MODIFIED", true)),
+            (true, false) => Some(("ADDED", true)),
+            (false, true) => Some(("DELETED", true)),
+            (false, false) => None,
+        },
+        EventKind::Delete => old_in().then_some(("DELETED", false)),
+    }
 }
 
 fn line(kind: &str, object: Value) -> Bytes {
@@ -181,13 +175,21 @@ fn line(kind: &str, object: Value) -> Bytes {
 /// watcher of an event shares one decoded object, and a copy of a pod to wrap it cost more
 /// than the encoding.
 fn line_of(kind: &str, object: &Value) -> Bytes {
-    let mut out = Vec::with_capacity(256);
+    framed(kind, 256, |out| serde_json::to_writer(out, object).is_ok()).expect("json values encode")
+}
+
+/// `{"type":kind,"object":…}` and a newline, the object written by `object` (about `size`
+/// bytes); `None` if it could not be.
+fn framed(kind: &str, size: usize, object: impl FnOnce(&mut Vec<u8>) -> bool) -> Option<Bytes> {
+    let mut out = Vec::with_capacity(size + 64);
     out.extend_from_slice(b"{\"type\":");
     serde_json::to_writer(&mut out, kind).expect("a string encodes");
     out.extend_from_slice(b",\"object\":");
-    serde_json::to_writer(&mut out, object).expect("json values encode");
+    if !object(&mut out) {
+        return None;
+    }
     out.extend_from_slice(b"}\n");
-    Bytes::from(out)
+    Some(Bytes::from(out))
 }
 
 /// The ERROR line that ends a watch: `410 Gone` when its revision was compacted (clients list
