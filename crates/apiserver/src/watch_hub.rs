@@ -73,11 +73,7 @@ impl Slot {
     /// (from the key, and a pod's `spec.nodeName` alone): a watch catching up on the store's
     /// history skips the other events instead of decoding every event of the type.
     pub fn may_hold(&self, rt: &ResourceType, ev: &Event) -> bool {
-        let rest = ev.key.strip_prefix(&objects::prefix(rt, None)).unwrap_or(&ev.key);
-        let (namespace, name) = match rest.split_once('/') {
-            Some((ns, name)) if rt.namespaced => (Some(ns), name),
-            _ => (None, rest),
-        };
+        let (namespace, name) = namespace_and_name(rt, &ev.key);
         if self.namespace.as_deref().is_some_and(|ns| namespace != Some(ns)) {
             return false;
         }
@@ -90,6 +86,15 @@ impl Slot {
                 .flatten()
                 .any(|bytes| pod_node_name(bytes).is_none_or(|node| node == *n)),
         }
+    }
+}
+
+/// The namespace (for a namespaced type) and name an object's store key spells.
+fn namespace_and_name<'k>(rt: &ResourceType, key: &'k str) -> (Option<&'k str>, &'k str) {
+    let rest = key.strip_prefix(&objects::prefix(rt, None)).unwrap_or(key);
+    match rest.split_once('/') {
+        Some((ns, name)) if rt.namespaced => (Some(ns), name),
+        _ => (None, rest),
     }
 }
 
@@ -346,11 +351,7 @@ impl Dispatcher {
 /// The slots an event falls in: its namespace and all namespaces, each unindexed, by the
 /// object's name, and by the old and the new object's node for pods.
 fn slots_of(rt: &'static ResourceType, ev: &Event, decoded: &Decoded) -> Vec<Slot> {
-    let rest = ev.key.strip_prefix(&objects::prefix(rt, None)).unwrap_or(&ev.key);
-    let (namespace, name) = match rest.split_once('/') {
-        Some((ns, name)) if rt.namespaced => (Some(ns), name),
-        _ => (None, rest),
-    };
+    let (namespace, name) = namespace_and_name(rt, &ev.key);
     let mut indexes = vec![Index::All, Index::Name(name.to_string())];
     if is_pods(rt) {
         for n in [decoded.new_node(ev), decoded.old_node(ev)].into_iter().flatten() {
