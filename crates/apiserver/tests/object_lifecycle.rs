@@ -180,3 +180,54 @@ async fn the_system_namespaces_exist_from_the_start() {
         assert_eq!(n.status.unwrap().phase.as_deref(), Some("Active"));
     }
 }
+
+/// `path`'s list as JSON: its `items`, and `metadata.continue` if there is more.
+async fn list_json(client: &kube::Client, path: &str) -> (Vec<serde_json::Value>, Option<String>) {
+    let req = http::Request::get(path).body(Vec::new()).unwrap();
+    let list: serde_json::Value = client.request(req).await.unwrap();
+    let next = list["metadata"]["continue"].as_str().map(str::to_string);
+    (list["items"].as_array().cloned().unwrap_or_default(), next)
+}
+
+#[tokio::test]
+async fn a_whole_list_copied_from_the_stored_objects_holds_what_pages_of_decoded_objects_hold() {
+    let (client, _s, _d) = setup().await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    // More than one chunk of the store, some pods bound to each of two nodes.
+    for i in 0..1100 {
+        let name = format!("p{i:04}");
+        pods.create(&PostParams::default(), &pod(&name)).await.unwrap();
+        match i % 3 {
+            0 => bind(&client, &name, "n1").await.unwrap(),
+            1 => bind(&client, &name, "n2").await.unwrap(),
+            _ => {}
+        }
+    }
+    for (query, expected) in
+        [("", 1100), ("fieldSelector=spec.nodeName%3Dn1", 367), ("fieldSelector=spec.nodeName%3D", 366)]
+    {
+        let (whole, next) = list_json(&client, &format!("/api/v1/pods?{query}")).await;
+        assert!(next.is_none(), "{query}: a whole list has no continue");
+        let mut paged = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let cont = token.as_deref().map(|t| format!("&continue={t}")).unwrap_or_default();
+            let (items, next) = list_json(&client, &format!("/api/v1/pods?limit=400&{query}{cont}")).await;
+            paged.extend(items);
+            match next {
+                Some(t) => token = Some(t),
+                None => break,
+            }
+        }
+        assert_eq!(whole.len(), expected, "{query}");
+        assert_eq!(whole, paged, "{query}: the same objects, field for field");
+        assert!(
+            whole
+                .iter()
+                .all(|p| p["kind"] == "Pod" && p["apiVersion"] == "v1" && p["metadata"]["resourceVersion"].is_string()),
+            "{query}: every item says what it is and its resourceVersion"
+        );
+        let first_keys: Vec<&str> = whole[0].as_object().unwrap().keys().take(2).map(String::as_str).collect();
+        assert_eq!(first_keys, ["kind", "apiVersion"], "{query}: written as Kubernetes orders an object");
+    }
+}

@@ -86,12 +86,14 @@ fn a_list_of_twenty_thousand_pods_costs_the_server_at_most_64_mib_and_is_given_b
         std::thread::sleep(Duration::from_secs(1));
         let before = rss(pid);
         reset_peak(pid);
+        let listed = Instant::now();
         let size = rt.block_on(list(&client, accept));
+        let took = listed.elapsed();
         let top = peak(pid);
         std::thread::sleep(Duration::from_secs(10));
         let after = rss(pid);
         eprintln!(
-            "{accept}: {} MiB answered; RSS before {} MiB, peak {} MiB (+{} MiB), 10 s later {} MiB",
+            "{accept}: {} MiB answered in {took:?}; RSS before {} MiB, peak {} MiB (+{} MiB), 10 s later {} MiB",
             size as u64 / MIB,
             before / MIB,
             top / MIB,
