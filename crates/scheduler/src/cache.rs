@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::framework::{Snapshot, ZonePods};
+use crate::node_info::LABEL_ZONE;
 use crate::node_info::{NodeInfo, NodeSpec};
-use crate::plugins::pod_topology_spread::LABEL_ZONE;
 use crate::pod_info::PodInfo;
 
 /// How long a bound pod stays assumed without the watch confirming it.
@@ -134,7 +134,7 @@ impl Cache {
                     count_zone(&mut self.zone_pods, new_zone, owner, i64::from(n));
                 }
             }
-            self.nodes[i].node = spec;
+            self.nodes[i].set_node(spec);
             self.nodes[i].handler_mask = mask;
             return true;
         }

@@ -7,10 +7,12 @@
 //! key). Which nodes make domains follows the constraint's node inclusion policies: node
 //! affinity honoured, taints ignored, unless the constraint says otherwise.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
+
+use rustc_hash::FxHashMap;
 
 use crate::framework::{FilterResult, MAX_NODE_SCORE, Rejection, Snapshot};
-use crate::node_info::{NodeInfo, NodeSpec};
+use crate::node_info::{LABEL_HOSTNAME, LABEL_ZONE, NodeInfo, NodeSpec};
 use crate::plugins::node_affinity;
 use crate::pod_info::{PodInfo, PodMatcher, SpreadConstraint};
 use crate::taints::{Effect, first_untolerated};
@@ -19,9 +21,9 @@ pub const NAME: &str = "PodTopologySpread";
 pub const ERR_CONSTRAINTS_NOT_MATCH: &str = "node(s) didn't match pod topology spread constraints";
 pub const ERR_MISSING_LABEL: &str = "node(s) didn't match pod topology spread constraints (missing required label)";
 
-/// Scoring counts pods per node for this key, in `score`, instead of per domain in `pre_score`.
-const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
-pub(crate) const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Topology value → matching pods. Looked up for each of hundreds of nodes per pod, with short
+/// keys: a fast hash rather than a DoS-resistant one.
+type Domains = FxHashMap<String, i64>;
 
 /// Kubernetes' default system constraints, used when the pod has no constraints of its own and
 /// has a controlling owner: `kubernetes.io/hostname` maxSkew 3 and `topology.kubernetes.io/zone`
@@ -71,8 +73,8 @@ fn kept_zone_counts<'s>(
     (c.topology_key == LABEL_ZONE && !require_all && every_node).then(|| zone_pods.get(owner))
 }
 
-fn has_all_keys(labels: &BTreeMap<String, String>, constraints: &[SpreadConstraint]) -> bool {
-    constraints.iter().all(|c| labels.contains_key(&c.topology_key))
+fn has_all_keys(node: &NodeInfo, constraints: &[SpreadConstraint]) -> bool {
+    constraints.iter().all(|c| node.topology_value(&c.topology_key).is_some())
 }
 
 /// Whether a node makes a domain for this constraint: its node inclusion policies. Node affinity
@@ -105,7 +107,7 @@ impl<'a> Inclusion<'a> {
 pub struct Filter {
     constraints: Vec<SpreadConstraint>,
     /// Per constraint: topology value → matching pods, for every eligible domain.
-    domains: Vec<HashMap<String, i64>>,
+    domains: Vec<Domains>,
     /// Per constraint: the global minimum the skew is taken against (0 below minDomains).
     min_match: Vec<i64>,
 }
@@ -117,10 +119,9 @@ impl Filter {
         if constraints.is_empty() {
             return None;
         }
-        let mut domains = vec![HashMap::<String, i64>::new(); constraints.len()];
+        let mut domains = vec![Domains::default(); constraints.len()];
         for node in snapshot.nodes {
-            let labels = &node.node.labels;
-            if !has_all_keys(labels, &constraints) {
+            if !has_all_keys(node, &constraints) {
                 continue;
             }
             let mut inclusion = Inclusion::new(pod, &node.node);
@@ -128,8 +129,14 @@ impl Filter {
                 if !inclusion.includes(c) {
                     continue;
                 }
-                let value = labels.get(&c.topology_key).cloned().unwrap_or_default();
-                *counts.entry(value).or_default() += count_matching(&c.selector, node, &pod.namespace);
+                let value = node.topology_value(&c.topology_key).unwrap_or_default();
+                let n = count_matching(&c.selector, node, &pod.namespace);
+                match counts.get_mut(value) {
+                    Some(count) => *count += n,
+                    None => {
+                        counts.insert(value.to_string(), n);
+                    }
+                }
             }
         }
         let min_match = constraints
@@ -151,7 +158,7 @@ impl Filter {
     /// keep `count(domain) + self − global minimum` within maxSkew.
     pub fn filter(&self, pod: &PodInfo, node: &NodeInfo) -> FilterResult {
         for ((c, counts), min) in self.constraints.iter().zip(&self.domains).zip(&self.min_match) {
-            let Some(value) = node.node.labels.get(&c.topology_key) else {
+            let Some(value) = node.topology_value(&c.topology_key) else {
                 return Err(Rejection::new(NAME, ERR_MISSING_LABEL));
             };
             let self_match = i64::from(c.selector.matches(pod));
@@ -172,7 +179,7 @@ pub struct Score {
     namespace: String,
     /// Per constraint: topology value → matching pods, for the domains of feasible nodes (empty
     /// for the hostname key, counted per node in `score`).
-    counts: Vec<HashMap<String, i64>>,
+    counts: Vec<Domains>,
     /// Per constraint: ln(number of domains among the feasible nodes + 2).
     weights: Vec<f64>,
     /// Feasible nodes without all the keys of the pod's own constraints: scored 0.
@@ -201,19 +208,18 @@ impl Score {
         // without a zone label still spreads by hostname.
         let require_all = own;
 
-        let mut counts = vec![HashMap::<String, i64>::new(); constraints.len()];
+        let mut counts = vec![Domains::default(); constraints.len()];
         let mut ignored = Vec::with_capacity(feasible.len());
         let mut ignored_names = HashSet::new();
         for node in feasible {
-            let labels = &node.node.labels;
-            let skip = require_all && !has_all_keys(labels, &constraints);
+            let skip = require_all && !has_all_keys(node, &constraints);
             ignored.push(skip);
             if skip {
                 ignored_names.insert(node.name().to_string());
                 continue;
             }
             for (c, domain) in constraints.iter().zip(counts.iter_mut()) {
-                let value = labels.get(&c.topology_key).map_or("", String::as_str);
+                let value = node.topology_value(&c.topology_key).unwrap_or_default();
                 if c.topology_key != LABEL_HOSTNAME && !domain.contains_key(value) {
                     domain.insert(value.to_string(), 0);
                 }
@@ -245,8 +251,7 @@ impl Score {
         }
         let scanned: &[NodeInfo] = if scan.contains(&true) { snapshot.nodes } else { &[] };
         for node in scanned {
-            let labels = &node.node.labels;
-            if require_all && !has_all_keys(labels, &constraints) {
+            if require_all && !has_all_keys(node, &constraints) {
                 continue;
             }
             let mut inclusion = Inclusion::new(pod, &node.node);
@@ -254,7 +259,7 @@ impl Score {
                 if !*scan || !inclusion.includes(c) {
                     continue;
                 }
-                let value = labels.get(&c.topology_key).map_or("", String::as_str);
+                let value = node.topology_value(&c.topology_key).unwrap_or_default();
                 if let Some(n) = domain.get_mut(value) {
                     *n += count_matching(&c.selector, node, &pod.namespace);
                 }
@@ -272,7 +277,7 @@ impl Score {
         }
         let mut score = 0.0;
         for ((c, domain), weight) in self.constraints.iter().zip(&self.counts).zip(&self.weights) {
-            let Some(value) = node.node.labels.get(&c.topology_key) else { continue };
+            let Some(value) = node.topology_value(&c.topology_key) else { continue };
             let count = if c.topology_key == LABEL_HOSTNAME {
                 count_matching(&c.selector, node, &self.namespace)
             } else {
@@ -307,6 +312,8 @@ impl Score {
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
+
+    use std::collections::BTreeMap;
 
     use super::*;
     use crate::taints::Taint;
@@ -455,7 +462,7 @@ mod tests {
         ]);
         let p = pod("new", json!({"app": "web"}), spread(vec![constraint(ZONE, 1, "DoNotSchedule", json!({}))]));
         let f = Filter::pre_filter(&p, &c.snapshot()).unwrap();
-        assert_eq!(f.domains[0], HashMap::from([("a".to_string(), 0), ("b".to_string(), 0)]));
+        assert_eq!(f.domains[0], Domains::from_iter([("a".to_string(), 0), ("b".to_string(), 0)]));
     }
 
     #[test]
