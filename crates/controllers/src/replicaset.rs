@@ -33,12 +33,13 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, ReconcileReq
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::utils::CancelableJoinHandle;
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::Context;
 use crate::pod_cache::PodEvent;
 use crate::workloads::expectations::Expectations;
+use crate::workloads::pacing::Pacing;
 use crate::workloads::replicas::{self, BURST_REPLICAS};
 use crate::workloads::replicated::Replicated;
 use crate::workloads::retry::Retry;
@@ -85,6 +86,8 @@ struct Rsc<K: Replicated> {
     pods_synced: tokio::sync::watch::Receiver<bool>,
     expectations: Arc<Mutex<Expectations>>,
     retry: Retry,
+    /// Holds back the syncs of large ReplicaSets by what their passes over the pods cost.
+    pacing: Arc<Pacing>,
 }
 
 /// Runs the ReplicaSet controller until the future is dropped.
@@ -101,12 +104,15 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
     let (tx, rx) = futures::channel::mpsc::unbounded::<ObjectRef<K>>();
 
     let forget = expectations.clone();
+    let pacing = Arc::new(Pacing::default());
+    let unpace = pacing.clone();
     let rs_stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(rs_writer)
         .inspect_ok(move |ev| {
             if let watcher::Event::Delete(rs) = ev {
                 lock(&forget).forget(&key_of(rs.meta()));
+                unpace.forget(&key_of(rs.meta()));
             }
         })
         .touched_objects();
@@ -145,6 +151,7 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         rss: rs_reader.clone(),
         expectations,
         retry: Retry::default(),
+        pacing,
     });
     let results = applier(
         |rs, rsc| CancelableJoinHandle::spawn(reconcile(rs, rsc), &tokio::runtime::Handle::current()),
@@ -155,6 +162,11 @@ pub(crate) async fn run_for<K: Replicated>(ctx: Arc<Context>) {
         ControllerConfig::default(),
     );
     crate::log_failures(results, K::CONTROLLER).await
+}
+
+/// The `status` of a ReplicaSet or ReplicationController as its kind writes it.
+fn status_json<K: Replicated>(obj: &K) -> Value {
+    serde_json::to_value(obj).ok().and_then(|mut v| v.get_mut("status").map(Value::take)).unwrap_or(Value::Null)
 }
 
 fn lock(e: &Mutex<Expectations>) -> std::sync::MutexGuard<'_, Expectations> {
@@ -240,6 +252,18 @@ fn error_policy<K: Replicated>(rs: Arc<K>, error: &Error, rsc: Arc<Rsc<K>>) -> A
 impl<K: Replicated> Rsc<K> {
     async fn sync(&self, rs: &Arc<K>, key: &str) -> Result<Action, Error> {
         self.pods_synced.clone().wait_for(|synced| *synced).await.map_err(|_| Error::CacheStopped)?;
+        let rs = match self.pacing.wait_before(key, std::time::Instant::now()) {
+            Some(wait) => {
+                tokio::time::sleep(wait).await;
+                // What changed while this sync waited is what it acts on.
+                match self.rss.get(&ObjectRef::from_obj(&**rs)) {
+                    Some(latest) => latest,
+                    None => return Ok(Action::await_change()),
+                }
+            }
+            None => rs.clone(),
+        };
+        let rs = &rs;
         let needs_sync = lock(&self.expectations).satisfied(key, Instant::now());
         let now = jiff::Timestamp::now();
         if !rs.has_spec() {
@@ -253,10 +277,12 @@ impl<K: Replicated> Rsc<K> {
             }
         };
         let namespace = rs.meta().namespace.clone().unwrap_or_default();
+        let pass = std::time::Instant::now();
         // Pods other controllers own are never claimed: its own and the orphans are the ones.
         let candidates = self.ctx.pods().claimable(&namespace, rs.meta().uid.as_deref().unwrap_or_default());
         let active: Vec<&Pod> = candidates.iter().map(|p| p.as_ref()).filter(|p| pods::is_active(p)).collect();
         let claim = replicas::claim(&**rs, &selector, &active);
+        let mut pass_cost = pass.elapsed();
         let adopted = self.adopt_and_release(rs, key, &claim).await?;
         let mut mine: Vec<&Pod> = claim.owned.clone();
         mine.extend(adopted.iter());
@@ -266,7 +292,10 @@ impl<K: Replicated> Rsc<K> {
         } else {
             None
         };
+        let pass = std::time::Instant::now();
         let status = replicas::status(&**rs, &mine, failure.as_ref().map(Error::message).as_deref(), now);
+        pass_cost += pass.elapsed();
+        self.pacing.ended(key, pass_cost, std::time::Instant::now());
         if replicas::status_changed(&**rs, &status) {
             self.write_status(rs, key, status).await?;
         }
@@ -456,19 +485,28 @@ impl<K: Replicated> Rsc<K> {
 
     /// Writes the status through the status subresource; after a failure, once more over a
     /// fresh read (`updateReplicaSetStatus`).
+    /// Writes the status with a merge patch: one request, and no conflict with the spec and
+    /// metadata writes of the Deployment controller, which change a ReplicaSet being scaled
+    /// several times a second (an update with the cached resourceVersion, retried once after a
+    /// read, lost that race under load, and each loss delayed the next sync further).
     async fn write_status(&self, rs: &K, key: &str, mut status: ReplicaSetStatus) -> Result<(), Error> {
-        // The generation acted on, even if the retry reads a newer one.
+        // The generation acted on, even if a newer one is stored by now.
         status.observed_generation = rs.meta().generation;
         let api: Api<K> = Api::namespaced(self.ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or(""));
         let name = rs.meta().name.as_deref().unwrap_or("");
         let mut obj = rs.clone();
-        obj.set_replica_status(status.clone());
-        if api.replace_status(name, &PostParams::default(), &obj).await.is_ok() {
-            return Ok(());
+        obj.set_replica_status(status);
+        let mut written = status_json(&obj);
+        // A merge patch keeps what it does not name: a field the status no longer has is named,
+        // as null.
+        if let (Value::Object(old), Value::Object(new)) = (status_json(rs), &mut written) {
+            for field in old.keys() {
+                if !new.contains_key(field) {
+                    new.insert(field.clone(), Value::Null);
+                }
+            }
         }
-        let mut fresh = api.get(name).await.map_err(|e| Error::api::<K>("reading", key, e))?;
-        fresh.set_replica_status(status);
-        api.replace_status(name, &PostParams::default(), &fresh)
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": written})))
             .await
             .map_err(|e| Error::api::<K>("updating the status", key, e))?;
         Ok(())

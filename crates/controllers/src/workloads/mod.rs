@@ -8,6 +8,7 @@
 //! `deployment.rs`) feed these from reflector stores and write what they decide through the API.
 
 pub mod expectations;
+pub mod pacing;
 pub mod pods;
 pub mod progress;
 pub mod replicas;
