@@ -220,7 +220,10 @@ impl Selectors {
 
     /// The node a pod watch selects when its selectors say nothing else: `spec.nodeName=NODE`
     /// alone, as every node agent's watch is. Such a watch needs no decoded object.
-    pub(crate) fn node_alone(&self) -> Option<&str> {
+    pub(crate) fn node_alone(&self, rt: &ResourceType) -> Option<&str> {
+        if !std::ptr::eq(rt, &berth_api::resources::PODS) {
+            return None;
+        }
         let terms = self.fields.as_ref()?.terms();
         match terms {
             [t] if !t.not && t.field == "spec.nodeName" && self.labels.as_ref().is_none_or(LabelSelector::is_empty) => {

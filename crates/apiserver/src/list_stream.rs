@@ -13,7 +13,6 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use berth_api::ResourceType;
-use berth_api::resources::PODS;
 use berth_store::{KeyValue, ListOptions};
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -184,7 +183,7 @@ impl Listing {
             return Copied::No;
         }
         if !self.sel.is_empty() {
-            let Some(node) = self.sel.node_alone().filter(|_| std::ptr::eq(self.rt, &PODS)) else { return Copied::No };
+            let Some(node) = self.sel.node_alone(self.rt) else { return Copied::No };
             match pod_node_name(&kv.value) {
                 Some(n) if n == node => {}
                 Some(_) => return Copied::Unselected,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use berth_api::ResourceType;
-use berth_api::resources::{EVENTS, EVENTS_V1, PODS};
+use berth_api::resources::{EVENTS, EVENTS_V1};
 use berth_store::{EventKind, StoreError};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -129,7 +129,7 @@ fn stored_event_line(
 ) -> Option<Option<Bytes>> {
     let node = match sel.is_empty() {
         true => None,
-        false => Some(sel.node_alone().filter(|_| std::ptr::eq(rt, &PODS))?),
+        false => Some(sel.node_alone(rt)?),
     };
     // Whether the object after (`new`) or before the write is in the selection.
     let selects = |new: bool| match (node, new) {
@@ -436,7 +436,7 @@ impl Source {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use berth_api::resources::SERVICES;
+    use berth_api::resources::{PODS, SERVICES};
 
     fn pod(node: Option<&str>) -> Vec<u8> {
         let mut obj = json!({"metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web"}}, "spec": {}});
