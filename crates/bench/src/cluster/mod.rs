@@ -83,9 +83,11 @@ pub struct ClusterArgs {
     /// Run on SQLite and on etcd, and print them side by side.
     #[arg(long)]
     both_stores: bool,
-    /// Stop and print what there is after this many seconds in all.
-    #[arg(long, default_value_t = 900)]
-    timeout: u64,
+    /// Stop and print what there is after this many seconds in all; default: each run is given
+    /// time by its size (5 minutes, plus a second per 50 nodes, plus twice the time its pods take
+    /// to be created at `--create-rate`, or at 100 pods/s for 0).
+    #[arg(long)]
+    timeout: Option<u64>,
     /// A run whose pod counts stand still this long is ended.
     #[arg(long, default_value_t = 120)]
     stall_secs: u64,
@@ -94,9 +96,10 @@ pub struct ClusterArgs {
     hold_secs: u64,
     /// Pods per second the Deployments are scaled up at (0: all replicas at once). Kubernetes'
     /// startup SLO is met by clusters whose controllers create pods at a bounded rate (its
-    /// controller manager's client allows 20 requests per second by default); at 0 the run
-    /// measures how fast the pods can all be placed, and their startup includes the queue.
-    #[arg(long, default_value_t = 0.0)]
+    /// controller manager's client allows 20 requests per second by default, and its density
+    /// tests create pods at a set throughput); at 0 the run measures how fast the pods can all
+    /// be placed, and their startup includes the queue.
+    #[arg(long, default_value_t = 100.0)]
     create_rate: f64,
     /// Pod status patches in flight, over all hollow nodes.
     #[arg(long, default_value_t = 64)]
@@ -157,6 +160,18 @@ pub fn paced_replicas(pods: usize, rate: f64, elapsed: Duration) -> Vec<usize> {
     replicas(if due >= pods as f64 { pods } else { due as usize })
 }
 
+/// The pace assumed for a run that creates all its pods at once: about what one scheduler binds
+/// per second on this machine's two cores at 5,000 nodes.
+const ASSUMED_BIND_RATE: f64 = 100.0;
+
+/// The time a run of `plan` is given when `--timeout` is not: room to start, register, list and
+/// hold, plus twice the time its pods take to be created at `rate` pods per second.
+pub fn run_budget(plan: Plan, rate: f64) -> Duration {
+    let rate = if rate > 0.0 { rate } else { ASSUMED_BIND_RATE };
+    let creating = plan.pods as f64 / rate;
+    Duration::from_secs(300 + plan.nodes as u64 / 50) + Duration::from_secs_f64(2.0 * creating)
+}
+
 /// Why `pods` could not all fit on `nodes` hollow nodes, if they could not.
 pub fn unfit(nodes: usize, pods: usize) -> Option<String> {
     for ((class, handler), n) in objects::CLASSES.iter().zip(replicas(pods)) {
@@ -195,17 +210,25 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         );
     }
     run::raise_open_files(args.nodes)?;
-    let deadline = started + Duration::from_secs(args.timeout);
+    // An explicit --timeout bounds the whole bench; otherwise each run has its own budget.
+    let overall = args.timeout.map(|t| started + Duration::from_secs(t));
     let dir = tempfile::Builder::new().prefix("berth-bench-cluster.").tempdir()?;
     eprintln!("run directory {}", dir.path().display());
     let stop = stop_on_signal()?;
     let mut results = Vec::new();
     for plan in &plans {
+        let deadline = overall.unwrap_or_else(|| Instant::now() + run_budget(*plan, args.create_rate));
         if Instant::now() + Duration::from_secs(30) > deadline || stop.load(Ordering::SeqCst) {
             eprintln!("{} nodes on {}: not run, --timeout reached or interrupted", plan.nodes, plan.store.name());
             continue;
         }
-        eprintln!("{} hollow nodes, {} pods, {} store", plan.nodes, plan.pods, plan.store.name());
+        eprintln!(
+            "{} hollow nodes, {} pods, {} store, ending by {:.0} s from now at the latest",
+            plan.nodes,
+            plan.pods,
+            plan.store.name(),
+            deadline.saturating_duration_since(Instant::now()).as_secs_f64()
+        );
         let result = run::one(&args, &binary, dir.path(), *plan, deadline, &stop).await;
         eprintln!("  {}", result.summary());
         results.push(result);
@@ -265,6 +288,16 @@ mod tests {
             assert!(now.iter().zip(&before).all(|(n, b)| n >= b), "a class never scales down");
             before = now;
         }
+    }
+
+    #[test]
+    fn a_run_without_a_timeout_is_given_time_by_its_size_and_pace() {
+        let full = Plan { store: Store::Sqlite, nodes: 5000, pods: 150_000 };
+        assert_eq!(run_budget(full, 100.0), Duration::from_secs(300 + 100 + 3000));
+        assert_eq!(run_budget(full, 0.0), run_budget(full, 100.0), "all at once is given the assumed pace");
+        let small = Plan { store: Store::Etcd, nodes: 100, pods: 3000 };
+        assert_eq!(run_budget(small, 100.0), Duration::from_secs(300 + 2 + 60));
+        assert!(run_budget(full, 50.0) > run_budget(full, 100.0), "a slower pace is given longer");
     }
 
     #[test]
