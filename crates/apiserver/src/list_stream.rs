@@ -24,8 +24,6 @@ use crate::request::{Output, Target};
 use crate::watch_events::pod_node_name;
 use crate::{ApiError, ApiResult, ApiState, objects};
 
-/// Keys read from the store at a time.
-const CHUNK: usize = 500;
 /// A list this long gives the memory it took back to the OS once written.
 const TRIM_AFTER: usize = 5_000;
 
@@ -147,7 +145,7 @@ struct Chunk {
 impl Listing {
     async fn read(&self, revision: Option<i64>, start: Option<String>) -> ApiResult<Chunk> {
         let started = Instant::now();
-        let opts = ListOptions { revision, start_key: start, limit: Some(CHUNK) };
+        let opts = ListOptions { revision, start_key: start, limit: Some(self.state.store.list_chunk()) };
         let res = self.state.store.list(&self.prefix, &opts).await.map_err(|e| ApiError::from_store(e, self.rt, ""))?;
         self.state.metrics.observe_store("list", started.elapsed());
         let next = if res.more { res.items.last().map(|kv| objects::key_after(&kv.key)) } else { None };

@@ -19,8 +19,6 @@ use crate::authz::{NodeGraph, PodReferences, Referenced};
 use crate::watch_hub::{Message, Slot};
 use crate::{ApiState, objects};
 
-/// Pods read per page while the index is built.
-const LIST_PAGE: usize = 500;
 /// How long after a failure the index is built again.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -137,7 +135,7 @@ pub async fn run(state: Arc<ApiState>) {
 async fn follow(state: &Arc<ApiState>) -> Result<(), String> {
     let prefix = objects::prefix(&PODS, None);
     let mut fresh = Index::default();
-    let mut options = ListOptions { limit: Some(LIST_PAGE), ..Default::default() };
+    let mut options = ListOptions { limit: Some(state.store.list_chunk()), ..Default::default() };
     let revision = loop {
         let page = state.store.list(&prefix, &options).await.map_err(|e| e.to_string())?;
         for kv in &page.items {

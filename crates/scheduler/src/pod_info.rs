@@ -180,6 +180,9 @@ pub struct PodInfo {
     pub terminating: bool,
     /// Succeeded or Failed: no longer takes resources.
     pub finished: bool,
+    /// While pending: the message of its `PodScheduled=False` condition of reason
+    /// `Unschedulable`, as a scheduler last reported it.
+    pub reported_unschedulable: Option<String>,
 }
 
 impl PodInfo {
@@ -275,6 +278,12 @@ impl PodInfo {
                 .map(|o| o.uid.clone()),
             terminating: meta.deletion_timestamp.is_some(),
             finished: matches!(phase, Some("Succeeded" | "Failed")),
+            reported_unschedulable: spec
+                .node_name
+                .as_deref()
+                .is_none_or(str::is_empty)
+                .then(|| reported_unschedulable(pod))
+                .flatten(),
             labels,
             namespace,
         }
@@ -302,6 +311,13 @@ impl PodInfo {
         let strip = |p: &PodInfo| PodInfo { resource_version: String::new(), ..p.clone() };
         strip(self) != strip(old)
     }
+}
+
+/// The message of `pod`'s `PodScheduled=False` condition of reason `Unschedulable`, if it has one.
+fn reported_unschedulable(pod: &core::Pod) -> Option<String> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| c.type_ == "PodScheduled")?;
+    (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.clone().unwrap_or_default())
 }
 
 /// An image as node status lists it: a tag of `latest` when the reference has none.
@@ -360,6 +376,25 @@ mod tests {
         assert!(!labelled.matches(&other, None));
         let null_selector = term(serde_json::json!({"namespaces": ["other"], "topologyKey": "k"}));
         assert!(!null_selector.matches(&other, None), "a null label selector matches no pod");
+    }
+
+    #[test]
+    fn an_unschedulable_condition_already_written_is_known_while_the_pod_is_pending() {
+        let status = |status: &str, reason: &str| serde_json::json!({"conditions": [{"type": "PodScheduled", "status": status, "reason": reason, "message": "0/3 nodes are available"}]});
+        let pending = pod(
+            serde_json::json!({"metadata": {"name": "a"}, "spec": {"containers": []}, "status": status("False", "Unschedulable")}),
+        );
+        assert_eq!(pending.reported_unschedulable.as_deref(), Some("0/3 nodes are available"));
+        let gated = pod(
+            serde_json::json!({"metadata": {"name": "a"}, "spec": {"containers": []}, "status": status("False", "SchedulingGated")}),
+        );
+        assert_eq!(gated.reported_unschedulable, None, "another reason is not an unschedulable report");
+        let bound = pod(
+            serde_json::json!({"metadata": {"name": "a"}, "spec": {"containers": [], "nodeName": "n1"}, "status": status("False", "Unschedulable")}),
+        );
+        assert_eq!(bound.reported_unschedulable, None, "a bound pod keeps nothing of it");
+        let fresh = pod(serde_json::json!({"metadata": {"name": "a"}, "spec": {"containers": []}}));
+        assert_eq!(fresh.reported_unschedulable, None);
     }
 
     #[test]

@@ -193,13 +193,15 @@ impl SchedulingQueue {
     pub fn add(&mut self, pod: Arc<PodInfo>, now: Instant) {
         let uid: Arc<str> = pod.uid.as_str().into();
         let Some(entry) = self.entries.get_mut(&uid) else {
+            // What an earlier run of the scheduler reported is not reported again.
+            let reported_message = pod.reported_unschedulable.clone();
             let queued = QueuedPod {
                 pod,
                 attempts: 0,
                 initial_attempt: None,
                 timestamp: now,
                 unschedulable_plugins: Vec::new(),
-                reported_message: None,
+                reported_message,
             };
             let gated = !queued.pod.scheduling_gates.is_empty();
             self.entries.insert(
@@ -462,6 +464,16 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         q.flush(Instant::now());
         assert_eq!(popped(&mut q, Instant::now()).as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_pod_keeps_the_message_an_earlier_scheduler_reported_so_it_is_not_written_again() {
+        let mut q = SchedulingQueue::new();
+        let reported = PodInfo { reported_unschedulable: Some("m".into()), ..(*pod("a", 0)).clone() };
+        q.add(Arc::new(reported), Instant::now());
+        q.add(pod("b", 0), Instant::now());
+        assert_eq!(q.get("a").unwrap().reported_message.as_deref(), Some("m"));
+        assert_eq!(q.get("b").unwrap().reported_message, None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -137,6 +137,13 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>>;
 
+    /// How many keys a reader of a whole prefix should ask [`Store::list`] for at a time: few
+    /// enough to bound its memory, enough that the backend's cost per limited read stays small
+    /// beside the reading of the keys.
+    fn list_chunk(&self) -> usize {
+        500
+    }
+
     /// Keys starting with `prefix`, in key order.
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult>;
 

@@ -328,6 +328,15 @@ impl Store for EtcdStore {
         resp.value.kvs().first().map(|k| self.to_kv(k)).transpose()
     }
 
+    /// Every limited read makes etcd walk its key index from the range's start to its end, to
+    /// count the keys left, so reading N keys c at a time walks about N²/2c entries (while
+    /// holding the index lock that writes wait on). Measured on etcd 3.4 with 60,000 pods
+    /// (186 MB of JSON): a whole list took 4.7–5.4 s in chunks of 500, 2.5–3.1 s in chunks of
+    /// 2,000 (+35 MiB of server memory at most), 2.2–2.4 s in chunks of 5,000 (+91 MiB).
+    fn list_chunk(&self) -> usize {
+        2_000
+    }
+
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {
         let revision = match opts.revision {
             Some(r) if r < 0 => return Err(StoreError::Invalid(format!("negative revision {r}"))),
