@@ -308,7 +308,9 @@ impl PodInfo {
     /// Whether a spec change could change where this pod fits (labels, requests, affinity, ...):
     /// the scheduler tries an unschedulable pod again when this is true.
     pub fn scheduling_changed(&self, old: &PodInfo) -> bool {
-        let strip = |p: &PodInfo| PodInfo { resource_version: String::new(), ..p.clone() };
+        // The scheduler's own report of a failure is not a reason to try the pod again.
+        let strip =
+            |p: &PodInfo| PodInfo { resource_version: String::new(), reported_unschedulable: None, ..p.clone() };
         strip(self) != strip(old)
     }
 }
@@ -411,6 +413,8 @@ mod tests {
         let mut b = a.clone();
         b.resource_version = "2".into();
         assert!(!b.scheduling_changed(&a));
+        b.reported_unschedulable = Some("0/1 nodes are available".into());
+        assert!(!b.scheduling_changed(&a), "the condition the scheduler wrote is not a change");
         b.labels.insert("x".into(), "y".into());
         assert!(b.scheduling_changed(&a));
     }

@@ -331,6 +331,36 @@ async fn the_failure_message_counts_nodes_per_reason_in_kubernetes_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_scheduler_does_not_write_again_the_unschedulable_condition_a_pod_has() {
+    let mut cluster = Cluster::new().await;
+    NodeDef::new("node-1").cpu("1").create(&cluster.client).await;
+    cluster.start_scheduler();
+    cluster.create_pod(PodDef::new("too-big").requests("4", "64Mi")).await;
+    let message = "0/1 nodes are available: 1 Insufficient cpu.";
+    cluster.wait_unschedulable("too-big", message).await;
+    let written = cluster.pods().get("too-big").await.unwrap().metadata.resource_version;
+
+    cluster.stop_scheduler().await;
+    cluster.start_scheduler();
+    // The new scheduler tries the pod (its event says so) and finds the same reason.
+    eventually("a FailedScheduling event from the new scheduler", PATIENCE, || async {
+        let count: i32 = cluster
+            .events("too-big")
+            .await
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+            .filter_map(|e| e.count)
+            .sum();
+        if count >= 2 { Ok(()) } else { Err(format!("{count} FailedScheduling events")) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pod = cluster.pods().get("too-big").await.unwrap();
+    assert_eq!(pod.metadata.resource_version, written, "the pod was written again");
+    assert_eq!(common::scheduled_condition(&pod).and_then(|c| c.message.clone()).as_deref(), Some(message));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_scheduler_counts_the_pods_already_bound() {
     let mut cluster = Cluster::new().await;
     // Room for two pods of 400m.
